@@ -1,0 +1,113 @@
+"""The job's event log: one JSON object per line, readable after the run.
+
+One file per job.  Whichever process is rank 0 at the moment appends to it (the
+:func:`hvd_elastic.run` decorator decides who writes; this class only writes).
+Rank 0 is the process that sees every reset: Horovod notifies the coordinator of
+host changes and keeps rank 0 on the oldest surviving host.  Each record is
+written with a single ``write`` on a file opened with ``O_APPEND``, so records
+from a retiring and a new rank 0 interleave whole, and a job killed mid-write
+leaves at most one truncated last line, which :meth:`EventLog.read` skips.
+
+Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
+``rank``, ``size``, ``host`` and ``pid``.  Events written by the decorator:
+
+=================== ==========================================================
+``start``           a process entered the training function for the first time
+``resume``          rank 0 loaded a checkpoint: ``path``, ``step``, ``epoch``,
+                    ``commit_count``, ``sequence``
+``checkpoint_skipped`` an invalid checkpoint was passed over: ``path``, ``reason``
+``commit``          ``seconds``, ``commit_count``, ``bytes`` (from the state)
+``sync``            ``seconds``, ``bytes`` (from the state)
+``restore``         the state rolled back to its last commit
+``reset``           ``reason`` (``hosts_updated`` with ``hosts``: ``added``,
+                    ``removed`` or ``mixed``; or ``internal_error`` with
+                    ``message``), ``old_size``, ``new_size``
+``checkpoint``      a write finished: ``path``, ``bytes``, ``seconds``, step...
+``checkpoint_error`` a write failed: ``path``, ``error``
+``finish``          the training function returned
+=================== ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+class EventLog:
+    """Appends events to a JSON-lines file.
+
+    Args:
+        path: the log file; its directory is created if missing.
+        context: called for every record; its fields (rank, size, ...) are added
+            before the event's own fields.
+
+    Thread-safe; the file is opened on the first event, so a process that never
+    writes never creates it.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, context: Callable[[], dict] | None = None) -> None:
+        self.path = Path(path)
+        self._context = context
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    def emit(self, event: str, **fields: Any) -> dict:
+        """Append one record and return it.  I/O errors are logged, not raised:
+        the event log must never stop training."""
+        record = {"time": round(time.time(), 6), "event": event}
+        if self._context is not None:
+            record.update(self._context())
+        record.update(fields)
+        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            try:
+                if self._fd is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(self._fd, line)
+            except OSError as exc:
+                log.error("could not append %s event to %s: %s", event, self.path, exc)
+        return record
+
+    def close(self) -> None:
+        """Flush the file to disk and close it.  Idempotent."""
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                log.warning("could not fsync %s: %s", self.path, exc)
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def read(path: str | os.PathLike, *, event: str | None = None) -> list[dict]:
+        """All records in ``path`` (only those named ``event`` if given), in order.
+
+        A line that is not a JSON object (the torn last line of a killed job) is
+        skipped with a warning naming the file and line number.
+        """
+        records = []
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    record = None
+                if not isinstance(record, dict):
+                    log.warning("%s:%d: skipping a line that is not a JSON object", path, number)
+                    continue
+                if event is None or record.get("event") == event:
+                    records.append(record)
+        return records

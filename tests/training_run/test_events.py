@@ -1,0 +1,77 @@
+"""EventLog: JSON lines written whole, read back, torn last line tolerated."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+from hvd_elastic.training.events import EventLog
+
+from training_run_helpers import subprocess_env
+
+
+def test_emit_and_read_back_with_context(tmp_path):
+    path = tmp_path / "logs" / "events.jsonl"
+    log = EventLog(path, context=lambda: {"rank": 0, "size": 2})
+    assert not path.exists()  # nothing is created before the first event
+    log.emit("reset", reason="hosts_updated", hosts="added", old_size=2, new_size=3)
+    log.emit("commit", seconds=0.001, commit_count=1, bytes=4096)
+    log.close()
+    records = EventLog.read(path)
+    assert [r["event"] for r in records] == ["reset", "commit"]
+    assert records[0]["rank"] == 0 and records[0]["size"] == 2
+    assert (records[0]["old_size"], records[0]["new_size"], records[0]["hosts"]) == (2, 3, "added")
+    assert records[0]["time"] <= records[1]["time"]
+    assert EventLog.read(path, event="commit") == [records[1]]
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.emit("start")
+    log.emit("checkpoint", path="/x", bytes=10, seconds=0.5)
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"time": 1, "event": "comm')  # a job killed mid-write
+    with caplog.at_level(logging.WARNING, logger="hvd_elastic.training.events"):
+        records = EventLog.read(path)
+    assert [r["event"] for r in records] == ["start", "checkpoint"]
+    assert f"{path}:3" in caplog.text
+
+
+def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
+    """Two processes (a retiring and a new rank 0) and two threads each append at once."""
+    path = tmp_path / "events.jsonl"
+    script = textwrap.dedent(f"""
+        import threading
+        from hvd_elastic.training.events import EventLog
+        log = EventLog({str(path)!r}, context=lambda: {{"who": WHO}})
+        def burst(thread):
+            for i in range(300):
+                log.emit("commit", thread=thread, i=i, pad="x" * 500)
+        threads = [threading.Thread(target=burst, args=(t,)) for t in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        log.close()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script.replace("WHO", str(who))], env=subprocess_env())
+             for who in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    records = EventLog.read(path)
+    assert len(records) == 2 * 2 * 300
+    seen = {(r["who"], r["thread"], r["i"]) for r in records}
+    assert len(seen) == 1200
+
+
+def test_write_errors_do_not_raise(tmp_path, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = EventLog(blocker / "events.jsonl")
+    with caplog.at_level(logging.ERROR, logger="hvd_elastic.training.events"):
+        record = log.emit("start")
+    assert record["event"] == "start"
+    assert "could not append start event" in caplog.text
+    log.close()
+
