@@ -1,0 +1,11 @@
+"""Consul-backed host discovery for ``horovodrun --host-discovery-script``.
+
+Kept import-light on purpose: horovodrun runs discovery every second, so
+nothing here may import torch, horovod or requests.
+
+* :mod:`.hosts` -- pure rules: health entries to validated, merged host lines.
+* :mod:`.reader` -- stdlib Consul HTTP reader with a total deadline.
+* :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
+* :mod:`.options` -- flags shared with the node agent, drain and status.
+* :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
+"""

@@ -1,0 +1,139 @@
+"""A small, fast, read-only Consul HTTP client with a total deadline.
+
+horovodrun runs the discovery script every second and never times it out, so
+this path must start fast and finish on time.  It uses only the standard
+library (``http.client``; no ``requests``, whose import alone costs more than a
+whole discovery call) and bounds every socket operation by what is left of one
+overall deadline.  TLS, CA, client certificate and token come from
+:class:`hvd_elastic.config.ConsulConfig`; the token travels in the
+``X-Consul-Token`` header and is never logged.
+
+Errors are :class:`ConsulError` with a one-line message fit for stderr.
+``retryable`` tells whether waiting could help (unreachable, timeouts, 5xx)
+or not (403, 4xx, malformed JSON).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from hvd_elastic.config import ConsulConfig
+
+
+class ConsulError(RuntimeError):
+    """A Consul request failed; ``str()`` is a one-line explanation."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+_CHUNK = 1 << 16
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def _request(config: ConsulConfig, url: str, deadline: float) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(config.host, config.port, timeout=_remaining(deadline))
+    if config.scheme == "https":
+        # Connect and wrap here so CONSUL_TLS_SERVER_NAME can differ from the address dialled.
+        raw = socket.create_connection((config.host, config.port), _remaining(deadline))
+        try:
+            conn.sock = config.ssl_context().wrap_socket(raw, server_hostname=config.tls_server_name or config.host)
+        except BaseException:
+            raw.close()
+            raise
+    headers = {"Accept": "application/json", "User-Agent": "hvd-elastic"}
+    if config.token:
+        headers["X-Consul-Token"] = config.token
+    try:
+        conn.request("GET", url, headers=headers)
+        sock = conn.sock  # http.client drops conn.sock once a closing response arrives
+        sock.settimeout(_remaining(deadline))
+        response = conn.getresponse()
+        chunks = []
+        while chunk := response.read(_CHUNK):
+            chunks.append(chunk)
+            sock.settimeout(_remaining(deadline))
+        return response.status, b"".join(chunks)
+    finally:
+        conn.close()
+
+
+def _error_text(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip().splitlines()
+    return text[0][:200] if text else "(empty body)"
+
+
+def get_json(
+    config: ConsulConfig,
+    path: str,
+    query: list[tuple[str, str]] | None = None,
+    *,
+    timeout: float = 0.8,
+    retry_window: float = 0.0,
+) -> Any:
+    """GET ``path`` (already URL-quoted) and decode its JSON body.
+
+    Each attempt may use at most ``timeout`` seconds; retryable failures are
+    retried with a short back-off until ``max(timeout, retry_window)`` seconds
+    have passed since the call began.  Raises :class:`ConsulError`.
+    """
+    params = list(query or [])
+    if config.datacenter:
+        params.append(("dc", config.datacenter))
+    url = path + ("?" + urlencode(params) if params else "")
+    start = time.monotonic()
+    window_end = start + max(timeout, retry_window)
+    backoff = 0.05
+    while True:
+        deadline = min(time.monotonic() + timeout, window_end)
+        try:
+            return _attempt(config, url, deadline)
+        except ConsulError as exc:
+            if not exc.retryable or time.monotonic() + backoff >= window_end:
+                if exc.retryable:
+                    raise ConsulError(f"{exc} (gave up after {time.monotonic() - start:.1f} s)", retryable=True, status=exc.status) from None
+                raise
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 0.5)
+
+
+def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
+    where = f"Consul at {config.base_url}"
+    try:
+        status, body = _request(config, url, deadline)
+    except TimeoutError:
+        raise ConsulError(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
+    except ssl.SSLError as exc:
+        # Certificate and handshake problems do not heal by waiting.
+        raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}", retryable=False) from None
+    except (OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
+    if status == 403:
+        raise ConsulError(
+            f"{where} refused access (403 {_error_text(body)}): set CONSUL_HTTP_TOKEN or --token to a token with service read rights",
+            retryable=False,
+            status=status,
+        )
+    if status >= 500:
+        raise ConsulError(f"{where} failed: {status} {_error_text(body)}", retryable=True, status=status)
+    if status != 200:
+        raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False, status=status) from None
