@@ -1,0 +1,112 @@
+"""What happens to the batch size and the learning rate when the world is resized.
+
+Three policies, chosen by the user (:class:`TrainingState` applies the chosen
+one after every sync and reset):
+
+``BatchPolicy.constant_global(global_batch_size)``
+    The global batch stays ``global_batch_size``; the per-rank batch follows
+    the world size (``global / world``; when it does not divide, ranks differ
+    by one sample).  Optimisation is unchanged by a resize; the per-rank
+    memory use grows when ranks leave.
+
+``BatchPolicy.accumulate(global_batch_size, micro_batch_size)``
+    The per-rank (micro-)batch stays ``micro_batch_size``; the number of
+    gradient-accumulation passes per optimizer step follows the world size:
+    ``round(global / (micro * world))``, at least 1.  The effective global
+    batch is ``passes * micro * world`` (exactly ``global_batch_size`` when
+    it divides).  ``state.accumulation_steps`` gives the passes, and a
+    Horovod ``DistributedOptimizer`` is told via ``set_backward_passes_per_step``.
+
+``BatchPolicy.scale_lr(batch_size, base_world_size=None)``
+    The per-rank batch stays ``batch_size``, so the global batch is
+    ``batch_size * world``; the learning rate is scaled linearly by
+    ``world / base_world_size`` (Goyal et al., 2017).  ``base_world_size``
+    defaults to the world size when training first started (recorded in the
+    committed state, so it survives resets and restarts).  The scale is
+    applied to every param group's ``lr`` and ``initial_lr`` and to each LR
+    scheduler's ``base_lrs``; schedulers that keep other absolute LR values
+    (``OneCycleLR``, ``CyclicLR``) need a reset callback of their own.
+"""
+
+from __future__ import annotations
+
+
+class BatchPolicy:
+    """A resize policy; build one with the class methods above."""
+
+    CONSTANT_GLOBAL = "constant_global"
+    ACCUMULATE = "accumulate"
+    SCALE_LR = "scale_lr"
+    MODES = (CONSTANT_GLOBAL, ACCUMULATE, SCALE_LR)
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        global_batch_size: int | None = None,
+        batch_size: int | None = None,
+        base_world_size: int | None = None,
+    ):
+        if mode not in self.MODES:
+            raise ValueError(f"unknown batch policy mode {mode!r}; expected one of {', '.join(self.MODES)}")
+        needs_global = mode in (self.CONSTANT_GLOBAL, self.ACCUMULATE)
+        needs_local = mode in (self.ACCUMULATE, self.SCALE_LR)
+        if needs_global:
+            _check_positive("global_batch_size", global_batch_size)
+        if needs_local:
+            _check_positive("batch_size", batch_size)
+        if base_world_size is not None:
+            _check_positive("base_world_size", base_world_size)
+        self.mode = mode
+        self.global_batch_size = global_batch_size
+        self.batch_size = batch_size
+        self.base_world_size = base_world_size
+
+    @classmethod
+    def constant_global(cls, global_batch_size: int) -> "BatchPolicy":
+        return cls(cls.CONSTANT_GLOBAL, global_batch_size=global_batch_size)
+
+    @classmethod
+    def accumulate(cls, global_batch_size: int, micro_batch_size: int) -> "BatchPolicy":
+        return cls(cls.ACCUMULATE, global_batch_size=global_batch_size, batch_size=micro_batch_size)
+
+    @classmethod
+    def scale_lr(cls, batch_size: int, base_world_size: int | None = None) -> "BatchPolicy":
+        return cls(cls.SCALE_LR, batch_size=batch_size, base_world_size=base_world_size)
+
+    def step_samples(self, world_size: int) -> int:
+        """Samples one sampler step (one forward/backward on every rank) takes."""
+        _check_positive("world_size", world_size)
+        if self.mode == self.CONSTANT_GLOBAL:
+            return max(self.global_batch_size, world_size)
+        return self.batch_size * world_size
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Forward/backward passes per optimizer step."""
+        _check_positive("world_size", world_size)
+        if self.mode != self.ACCUMULATE:
+            return 1
+        return max(1, round(self.global_batch_size / (self.batch_size * world_size)))
+
+    def effective_global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step across the world."""
+        return self.step_samples(world_size) * self.accumulation_steps(world_size)
+
+    def lr_factor(self, world_size: int, base_world_size: int) -> float:
+        """Multiplier of the user's learning rate for ``world_size``."""
+        _check_positive("world_size", world_size)
+        if self.mode != self.SCALE_LR:
+            return 1.0
+        return world_size / (self.base_world_size or base_world_size)
+
+    def __repr__(self) -> str:
+        fields = {"global_batch_size": self.global_batch_size, "batch_size": self.batch_size,
+                  "base_world_size": self.base_world_size}
+        shown = ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        return f"BatchPolicy({self.mode!r}, {shown})"
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+

@@ -1,0 +1,258 @@
+"""A batch sampler that processes every sample of an epoch exactly once, elastically.
+
+The idea
+--------
+An epoch is one deterministic permutation of ``range(num_samples)`` (seeded by
+``seed + epoch``).  Training walks it in *global steps*: the step that starts
+at position ``offset`` takes the next ``step_samples`` indices of the
+permutation (the *chunk*) and rank ``r`` of ``W`` gets ``chunk[r::W]``.  So
+after any number of completed steps the processed samples are exactly the
+prefix ``order[:offset]``, whatever world sizes those steps ran with, and the
+sampler's whole state is two integers: ``epoch`` and ``offset``.
+
+A reset (join, graceful leave or crash) only changes how the REMAINING suffix
+``order[offset:]`` is cut: the next chunk starts at ``offset`` and is divided
+among the new world.  After a crash the state is rolled back to the last
+commit, so steps that were processed but not committed are processed again;
+after a graceful leave Horovod skips ``sync`` but :class:`TrainingState` still
+calls :meth:`set_world` from ``on_reset`` (the gap of Horovod issue #3399).
+
+Only completed steps count: iterating (and a DataLoader's prefetching, with
+any ``num_workers``) never moves the position; the training loop calls
+:meth:`record_batch` once per completed step, before ``state.commit()``.
+
+The tail, without padding
+-------------------------
+Nothing is ever repeated to even out ranks.  Every rank of a world yields the
+same number of batches (``len(sampler)``), so collectives never deadlock:
+
+* a chunk is cut strided, so per-rank batch sizes within a step differ by at
+  most one when ``step_samples`` is not a multiple of ``W``;
+* the last chunk of an epoch absorbs a remainder smaller than ``W`` (one
+  step of up to ``step_samples + W - 1`` samples) instead of leaving a step
+  that some ranks could not take part in;
+* only when fewer than ``W`` samples remain in the whole epoch (a reset in
+  its last moments) do ranks ``r >= remaining`` get an EMPTY batch for the
+  final step.  Wrap the collate function with :meth:`collate` so the
+  DataLoader yields ``None`` for it, and run an idle step (for Horovod's
+  ``DistributedOptimizer``: ``optimizer.zero_grad(); optimizer.step()``,
+  which contributes zero gradients to the allreduce).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Sized
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ExactlyOnceSampler(Sampler[list[int]]):
+    """Batch sampler (``DataLoader(dataset, batch_sampler=sampler)``) for map-style datasets.
+
+    Args:
+        data_source: the dataset (anything with ``len``) or its length.
+        batch_size: samples per rank per step, used while no
+            :class:`~hvd_elastic.training.batching.BatchPolicy` sets the
+            step size (a step then takes ``batch_size * world_size`` samples).
+        shuffle: permute each epoch (seeded by ``seed + epoch``) or walk in order.
+        seed: the shuffling seed; must be the same on every rank.
+        rank, world_size: initial position in the world; :class:`TrainingState`
+            calls :meth:`set_world` on every sync and reset.  Defaults to
+            Horovod's rank and size when Horovod is initialised, else 0 and 1.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized | int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
+        num_samples = data_source if isinstance(data_source, int) else len(data_source)
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        self.num_samples = int(num_samples)
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.epoch = 0
+        self.offset = 0
+        if rank is None or world_size is None:
+            rank, world_size = _horovod_world()
+        self._step_samples: int | None = None
+        self.set_world(rank, world_size)
+        self._order_cache: tuple[int, torch.Tensor] | None = None
+
+    # -- world ---------------------------------------------------------------------------
+
+    def set_world(self, rank: int, world_size: int, step_samples: int | None = None) -> None:
+        """Re-partition the rest of the epoch for ``world_size`` ranks.
+
+        ``step_samples`` is the number of samples one global step takes
+        (default ``batch_size * world_size``).  Iterators created before this
+        call keep the old partition: create a new one (re-enter the loop).
+        """
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got {rank} of {world_size}")
+        if step_samples is not None and step_samples < 1:
+            raise ValueError(f"step_samples must be a positive integer, got {step_samples}")
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self._step_samples = None if step_samples is None else int(step_samples)
+
+    @property
+    def step_samples(self) -> int:
+        """Samples per global step in the current world."""
+        return self._step_samples if self._step_samples is not None else self.batch_size * self.world_size
+
+    # -- epoch and position --------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning, unless it is already the current one.
+
+        Calling it with the current epoch keeps the position, so the usual
+        ``for state.epoch in range(state.epoch, epochs): sampler.set_epoch(state.epoch)``
+        resumes mid-epoch after a reset or a restart from a checkpoint.
+        """
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self.offset = 0
+
+    def order(self, epoch: int | None = None) -> torch.Tensor:
+        """The epoch's permutation of sample indices (int64), the same on every rank."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._order_cache is not None and self._order_cache[0] == epoch:
+            return self._order_cache[1]
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + epoch)
+            order = torch.randperm(self.num_samples, generator=generator)
+        else:
+            order = torch.arange(self.num_samples)
+        self._order_cache = (epoch, order)
+        return order
+
+    def step_size_at(self, offset: int) -> int:
+        """Samples taken by the global step starting at ``offset`` (0 at the end of the epoch)."""
+        remaining = self.num_samples - offset
+        if remaining <= 0:
+            return 0
+        step = self.step_samples
+        # A remainder too small to give every rank a sample joins the last step.
+        if remaining <= step or remaining - step < self.world_size:
+            return remaining
+        return step
+
+    def record_batch(self, steps: int = 1) -> None:
+        """Mark ``steps`` global steps as completed (call once per step, on every rank)."""
+        for _ in range(steps):
+            size = self.step_size_at(self.offset)
+            if size == 0:
+                raise RuntimeError(
+                    f"record_batch() called past the end of epoch {self.epoch} "
+                    f"({self.num_samples} samples all recorded); call set_epoch() first"
+                )
+            self.offset += size
+
+    @property
+    def remaining(self) -> int:
+        """Samples of the current epoch not yet recorded as processed."""
+        return self.num_samples - self.offset
+
+    def processed_indices(self) -> torch.Tensor:
+        """Indices of the current epoch recorded as processed (by all ranks together)."""
+        return self.order()[: self.offset]
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # The partition is fixed NOW (not at the first next()): prefetching
+        # DataLoaders create the iterator and then race ahead of record_batch.
+        return self._batches(self.order(), self.offset, self.rank, self.world_size)
+
+    def _batches(self, order: torch.Tensor, offset: int, rank: int, world: int) -> Iterator[list[int]]:
+        while True:
+            size = self.step_size_at(offset)
+            if size == 0:
+                return
+            yield order[offset + rank : offset + size : world].tolist()
+            offset += size
+
+    def __len__(self) -> int:
+        """Global steps left in the epoch: the same on every rank."""
+        steps, offset = 0, self.offset
+        # Closed form for the full steps, then at most two tail steps.
+        step = self.step_samples
+        full = max(0, (self.num_samples - offset - step - self.world_size) // step)
+        steps, offset = full, offset + full * step
+        while (size := self.step_size_at(offset)) > 0:
+            steps, offset = steps + 1, offset + size
+        return steps
+
+    @property
+    def local_batch_size(self) -> int:
+        """The largest batch this rank receives in a full step."""
+        return math.ceil(self.step_samples / self.world_size)
+
+    @staticmethod
+    def collate(collate_fn: Callable[[list], Any] | None = None) -> Callable[[list], Any]:
+        """Wrap a collate function so an empty batch (idle final step) becomes ``None``."""
+        return _NoneForEmpty(collate_fn)
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_samples": self.num_samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["num_samples"]) != self.num_samples:
+            raise ValueError(
+                f"sampler state is for {state['num_samples']} samples but this dataset has "
+                f"{self.num_samples}; the dataset changed since the state was committed"
+            )
+        offset = int(state["offset"])
+        if not 0 <= offset <= self.num_samples:
+            raise ValueError(f"sampler offset {offset} outside [0, {self.num_samples}]")
+        self.seed = int(state["seed"])
+        self.shuffle = bool(state["shuffle"])
+        self.epoch = int(state["epoch"])
+        self.offset = offset
+        self._order_cache = None
+
+
+class _NoneForEmpty:
+    """Picklable collate wrapper (DataLoader workers may be spawned)."""
+
+    def __init__(self, collate_fn: Callable[[list], Any] | None):
+        if collate_fn is None:
+            from torch.utils.data import default_collate
+
+            collate_fn = default_collate
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: list) -> Any:
+        return None if len(batch) == 0 else self.collate_fn(batch)
+
+
+def _horovod_world() -> tuple[int, int]:
+    try:
+        import horovod.torch as hvd
+
+        if hvd.is_initialized():
+            return hvd.rank(), hvd.size()
+    except (ImportError, ValueError):
+        pass
+    return 0, 1

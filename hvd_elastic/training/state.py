@@ -1,0 +1,554 @@
+"""TrainingState: everything a PyTorch training job needs to survive resizes.
+
+A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
+``hvd.elastic.run`` and :func:`hvd_elastic.run`.  Compared with Horovod's
+``TorchState`` it
+
+* commits model, optimizer, LR schedulers, AMP ``GradScaler``, RNG states,
+  the sampler position, user values and any registered object;
+* commits by copying tensors into ONE preallocated host buffer (pinned when
+  CUDA exists): no ``deepcopy``, no second device copy; the buffer is
+  reallocated only when the layout changes (Adam's moments appear after the
+  first step);
+* syncs by broadcasting that buffer from rank 0 in a few large buckets plus
+  one ``broadcast_object`` for everything small, and creates a new rank's
+  optimizer state directly from it (no dummy ``optimizer.step()``, so no
+  parameter moves);
+* re-partitions the sampler and applies the :class:`BatchPolicy` after EVERY
+  reset, including removal-only resets where Horovod skips ``sync``.
+
+Semantics follow Horovod's: ``commit() = save() + check_host_updates()``;
+``restore()`` returns the live objects to the last commit; ``sync()`` makes
+every rank equal to rank 0 (and commits that locally, so a rank that joined
+can roll back to it).
+
+Snapshots
+---------
+:meth:`snapshot` returns the last committed state as a nested dict of CPU
+tensors and plain Python values (``torch.load(weights_only=True)`` reads it
+back).  It is cheap: its tensors are VIEWS of the commit buffer, valid until
+the next commit overwrites them.  A background writer must either hold
+:attr:`snapshot_lock` while it serializes (commits wait meanwhile) or take
+``snapshot(copy=True)`` (a private copy, made under the lock).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import horovod.torch as hvd
+from horovod.common.elastic import State
+
+from hvd_elastic.training.batching import BatchPolicy
+from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer
+from hvd_elastic.training.rng import RNGState
+
+log = logging.getLogger(__name__)
+
+#: Format tag of :meth:`TrainingState.snapshot` dicts.
+SNAPSHOT_FORMAT = "hvd_elastic.training_state/1"
+
+Listener = Callable[[str, dict], None]
+
+# Instance attributes that user values must not shadow.
+_RESERVED = frozenset({"commit_count", "snapshot_lock", "values"})
+
+
+class TrainingState(State):
+    """Committed, restorable, syncable training state.
+
+    Args:
+        model: a ``torch.nn.Module``.
+        optimizer: a ``torch.optim.Optimizer`` (a Horovod ``DistributedOptimizer`` too).
+        schedulers: LR schedulers (anything with ``state_dict``/``load_state_dict``).
+        scaler: an AMP ``GradScaler``.
+        sampler: an :class:`~hvd_elastic.training.sampler.ExactlyOnceSampler` (or
+            any object with ``state_dict``/``load_state_dict``; ``set_world`` is
+            called on it after every sync and reset when it has one).
+        batch_policy: a :class:`BatchPolicy`; ``None`` keeps batch and LR as they are.
+        rng: commit/restore/sync torch (CPU and CUDA), NumPy and Python RNG
+            states.  After a sync every rank continues rank 0's streams.
+        bucket_bytes: size of the broadcast buckets of :meth:`sync`.
+        **values: user values (epoch, step, metrics...), exposed as attributes
+            and committed with the rest.  Keep them to tensors, numbers,
+            strings, lists, tuples and dicts so snapshots stay loadable with
+            ``weights_only=True``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        schedulers: Iterable[Any] = (),
+        scaler: Any = None,
+        sampler: Any = None,
+        batch_policy: BatchPolicy | None = None,
+        rng: bool = True,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        **values: Any,
+    ):
+        for name in values:
+            if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
+                raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
+        object.__setattr__(self, "_values", dict(values))
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        self.model = model
+        self.optimizer = optimizer
+        self.schedulers = list(schedulers)
+        self.scaler = scaler
+        self.sampler = sampler
+        self.batch_policy = batch_policy
+        self.bucket_bytes = int(bucket_bytes)
+        self.commit_count = 0
+        self.snapshot_lock = threading.RLock()
+        self._listeners: list[Listener] = []
+        self._components: dict[str, _Component] = {}
+        self._buffer: FlatBuffer | None = None
+        self._meta: dict[str, Any] = {}
+        self._sync_count = 0
+        # Policy bookkeeping is state too: a joining rank must learn from rank 0
+        # what LR scale is already applied and what the base world size was.
+        self._policy = {"lr_factor": 1.0, "base_world_size": _world()[1]}
+
+        if model is not None:
+            self.register("model", model)
+        if optimizer is not None:
+            self.register("optimizer", optimizer)
+        for i, scheduler in enumerate(self.schedulers):
+            self.register(f"scheduler.{i}", scheduler)
+        if scaler is not None:
+            self.register("scaler", scaler)
+        if sampler is not None:
+            self.register("sampler", sampler)
+        if rng:
+            self.register("rng", RNGState())
+        self._apply_world()
+        self._save()
+
+    # -- registration and listeners ------------------------------------------------------
+
+    def register(self, name: str, obj: Any) -> None:
+        """Commit/restore/sync ``obj`` (a Module, an Optimizer, or anything with
+        ``state_dict()``/``load_state_dict()``) under ``name`` from now on.
+
+        Registering after construction takes effect at the next commit.
+        """
+        if not name or "/" in name:
+            raise ValueError(f"component name must be non-empty and contain no '/', got {name!r}")
+        if name in self._components:
+            raise ValueError(f"a component named {name!r} is already registered")
+        self._components[name] = _component_for(obj)
+
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync"."""
+        self._listeners.append(fn)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        for fn in self._listeners:
+            try:
+                fn(event, fields)
+            except Exception:  # a broken listener must never break training
+                log.exception("state listener %r failed on %s", fn, event)
+
+    # -- user values as attributes --------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values")
+        if values is not None and name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        values = self.__dict__.get("_values")
+        if values is not None and name in values:
+            values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The live user values (a copy)."""
+        return dict(self._values)
+
+    # -- Horovod State interface -----------------------------------------------------------
+
+    def commit(self) -> None:
+        """Save everything to host memory, then raise ``HostsUpdatedInterrupt`` if hosts changed."""
+        seconds, nbytes = self._save()
+        self.commit_count += 1
+        self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
+        self.check_host_updates()
+
+    def save(self) -> None:
+        self._save()
+
+    def restore(self) -> None:
+        """Return every live object to the last commit."""
+        start = time.perf_counter()
+        with self.snapshot_lock:
+            buffer, meta = self._buffer, self._meta
+        self._load(buffer.as_dict(), meta)
+        self._emit("restore", seconds=time.perf_counter() - start, bytes=buffer.layout.nbytes)
+
+    def sync(self) -> None:
+        """Make every rank equal to rank 0's live state, and commit it locally.
+
+        Collective: one ``broadcast_object`` (layout and small state) and a few
+        bucket broadcasts of the flat buffer.
+        """
+        start = time.perf_counter()
+        rank = hvd.rank()
+        self._sync_count += 1
+        if rank == 0:
+            named, meta = self._capture()
+            with self.snapshot_lock:
+                buffer = self._buffer_for(FlatLayout.of(named))
+            header = self._bcast_object({"layout": buffer.layout.describe(), "meta": meta}, name="hvd_elastic.sync.header")
+            live = [t for _, t in named]
+
+            def fill(indices: list[int]) -> None:
+                buffer.copy_indices(indices, live)
+
+            with self.snapshot_lock:
+                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name=f"hvd_elastic.sync.{self._sync_count}",
+                                          fill=fill, bucket_bytes=self.bucket_bytes)
+                self._meta = meta
+        else:
+            header = self._bcast_object(None, name="hvd_elastic.sync.header")
+            layout = FlatLayout.parse(header["layout"])
+            with self.snapshot_lock:
+                buffer = self._buffer_for(layout)
+                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name=f"hvd_elastic.sync.{self._sync_count}",
+                                          bucket_bytes=self.bucket_bytes)
+                self._meta = header["meta"]
+            self._load(buffer.as_dict(), self._meta)
+        self._apply_world()
+        self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes)
+
+    def reset(self) -> None:
+        """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""
+        self._apply_world()
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self, copy: bool = False) -> dict[str, Any]:
+        """The last committed state as a ``weights_only``-loadable nested dict.
+
+        Without ``copy`` the tensors are views of the commit buffer: serialize
+        them before the next commit, or hold :attr:`snapshot_lock` meanwhile.
+        """
+        with self.snapshot_lock:
+            tensors = self._buffer.as_dict()
+            if copy:
+                tensors = {k: v.clone() for k, v in tensors.items()}
+            meta = self._meta
+            components = {}
+            for name in meta["components"]:
+                prefix = name + "/"
+                components[name] = {
+                    "tensors": {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
+                    "meta": meta["components"][name],
+                }
+            return {
+                "format": SNAPSHOT_FORMAT,
+                "commit_count": self.commit_count,
+                "values": meta["values"],
+                "policy": meta["policy"],
+                "components": components,
+            }
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None:
+        """Apply a :meth:`snapshot` to the live objects and make it the committed state.
+
+        Rank-local (rank 0 uses it to resume from a checkpoint, then ``sync``
+        spreads it).  Resets :attr:`commit_count` to 0.
+        """
+        if not isinstance(snap, dict) or snap.get("format") != SNAPSHOT_FORMAT:
+            found = snap.get("format") if isinstance(snap, dict) else type(snap).__name__
+            raise ValueError(f"not a TrainingState snapshot: format {found!r}, expected {SNAPSHOT_FORMAT!r}")
+        tensors = {}
+        components = {}
+        for name, part in snap["components"].items():
+            components[name] = part["meta"]
+            for key, tensor in part["tensors"].items():
+                tensors[f"{name}/{key}"] = tensor
+        meta = {"components": components, "values": snap["values"], "policy": snap["policy"]}
+        self._load(tensors, meta, strict=False)
+        self._save()
+        self.commit_count = 0
+
+    # -- policy ------------------------------------------------------------------------------
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Backward passes per optimizer step under the batch policy (1 without one)."""
+        if self.batch_policy is None:
+            return 1
+        return self.batch_policy.accumulation_steps(_world()[1])
+
+    def _apply_world(self) -> None:
+        """Fit sampler, LR and accumulation to the current world; idempotent."""
+        rank, size = _world()
+        policy = self.batch_policy
+        set_world = getattr(self.sampler, "set_world", None)
+        if set_world is not None:
+            set_world(rank, size, policy.step_samples(size) if policy is not None else None)
+        if policy is None:
+            return
+        factor = policy.lr_factor(size, self._policy["base_world_size"])
+        applied = self._policy["lr_factor"]
+        if self.optimizer is not None and factor != applied:
+            _scale_lr(self.optimizer, self.schedulers, factor / applied)
+            self._policy["lr_factor"] = factor
+        set_passes = getattr(self.optimizer, "set_backward_passes_per_step", None)
+        if set_passes is not None:
+            set_passes(policy.accumulation_steps(size))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _capture(self) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Any]]:
+        """Live tensors (flattened, prefixed by component) and a detached copy of the small state."""
+        named: list[tuple[str, torch.Tensor]] = []
+        metas = {}
+        for name, component in self._components.items():
+            for key, tensor in component.tensors():
+                named.append((f"{name}/{key}", tensor))
+            metas[name] = component.meta()
+        meta = {"components": metas, "values": _tree_copy(self._values), "policy": dict(self._policy)}
+        return named, meta
+
+    def _buffer_for(self, layout: FlatLayout) -> FlatBuffer:
+        """The commit buffer, reallocated when the layout changed (caller holds the lock)."""
+        if self._buffer is None or self._buffer.layout != layout:
+            self._buffer = None  # drop the old one first: never hold two on the host
+            self._buffer = FlatBuffer(layout)
+        return self._buffer
+
+    def _save(self) -> tuple[float, int]:
+        start = time.perf_counter()
+        named, meta = self._capture()
+        with self.snapshot_lock:
+            buffer = self._buffer
+            if buffer is None or not buffer.layout.matches(named):
+                buffer = self._buffer_for(FlatLayout.of(named))
+            buffer.copy_from([t for _, t in named])
+            self._meta = meta
+        return time.perf_counter() - start, buffer.layout.nbytes
+
+    def _load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], strict: bool = True) -> None:
+        by_component: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._components}
+        for key, tensor in tensors.items():
+            name, _, sub = key.partition("/")
+            if name in by_component:
+                by_component[name][sub] = tensor
+            elif strict:
+                raise ValueError(f"committed state has tensors for unknown component {name!r}")
+        component_meta = meta["components"]
+        missing = set(self._components) - set(component_meta)
+        if missing and strict:
+            raise ValueError(f"committed state lacks components {sorted(missing)}")
+        if missing:
+            log.warning("snapshot has no state for %s; keeping their live state", ", ".join(sorted(missing)))
+        for name, component in self._components.items():
+            if name in component_meta:
+                component.load(by_component[name], component_meta[name])
+        self._values.clear()
+        self._values.update(_tree_copy(meta["values"]))
+        self._policy = dict(meta["policy"])
+
+
+# -- components: how one kind of object is committed ----------------------------------------
+
+
+class _Component:
+    """Adapter between one live object and the commit buffer.
+
+    ``tensors()`` lists the live tensors that go into the flat buffer (large,
+    copied with ``copy_``); ``meta()`` returns a detached copy of everything
+    else (small); ``load()`` puts both back into the live object, in place
+    where the live tensors fit.
+    """
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return []
+
+    def meta(self) -> Any:
+        raise NotImplementedError
+
+    def load(self, tensors: dict[str, torch.Tensor], meta: Any) -> None:
+        raise NotImplementedError
+
+
+class _ModuleComponent(_Component):
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self._extra_state = _has_extra_state(module)
+
+    def tensors(self):
+        return [(k, v) for k, v in self.module.state_dict().items() if isinstance(v, torch.Tensor)]
+
+    def meta(self):
+        if not self._extra_state:
+            return {}
+        # Only non-tensor extra state (rare) lives here.
+        return {k: _tree_copy(v) for k, v in self.module.state_dict().items() if not isinstance(v, torch.Tensor)}
+
+    def load(self, tensors, meta):
+        # load_state_dict copies into the existing parameters in place.
+        self.module.load_state_dict({**tensors, **_tree_copy(meta)}, strict=True)
+
+
+class _OptimizerComponent(_Component):
+    """Optimizer state by parameter position, restored in place, created when missing."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def tensors(self):
+        named = []
+        state = self.optimizer.state
+        for i, p in enumerate(self._params()):
+            entry = state.get(p)
+            if entry:
+                for key in sorted(entry):
+                    value = entry[key]
+                    if isinstance(value, torch.Tensor):
+                        named.append((f"{i}.{key}", value))
+        return named
+
+    def meta(self):
+        params = self._params()
+        scalars: dict[int, dict[str, Any]] = {}
+        placement: dict[str, str] = {}
+        state = self.optimizer.state
+        for i, p in enumerate(params):
+            entry = state.get(p)
+            if not entry:
+                continue
+            for key, value in entry.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"optimizer state key {key!r} of parameter {i} is not a string")
+                if isinstance(value, torch.Tensor):
+                    # Moments live with their parameter; e.g. Adam's "step" stays on the CPU.
+                    placement[f"{i}.{key}"] = "param" if value.device == p.device else "cpu"
+                else:
+                    scalars.setdefault(i, {})[key] = _tree_copy(value)
+        groups = [{k: _tree_copy(v) for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
+        return {"param_groups": groups, "group_sizes": sizes, "scalars": scalars, "placement": placement}
+
+    def load(self, tensors, meta):
+        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
+        if sizes != list(meta["group_sizes"]):
+            raise ValueError(
+                f"optimizer has param groups of sizes {sizes} but the committed state has {list(meta['group_sizes'])}"
+            )
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for key, tensor in tensors.items():
+            index, _, name = key.partition(".")
+            per_param.setdefault(int(index), {})[name] = tensor
+        scalars = {int(i): v for i, v in meta["scalars"].items()}
+        state = self.optimizer.state
+        with torch.no_grad():
+            for i, p in enumerate(self._params()):
+                want = per_param.get(i, {})
+                want_scalars = scalars.get(i, {})
+                if not want and not want_scalars:
+                    state.pop(p, None)
+                    continue
+                live = state.get(p) or {}
+                entry: dict[str, Any] = {}
+                for name, saved in want.items():
+                    device = p.device if meta["placement"].get(f"{i}.{name}") == "param" else torch.device("cpu")
+                    current = live.get(name)
+                    if (isinstance(current, torch.Tensor) and current.shape == saved.shape
+                            and current.dtype == saved.dtype and current.device == device):
+                        current.copy_(saved)
+                        entry[name] = current
+                    else:
+                        # A rank that never stepped gets its state created here:
+                        # no dummy optimizer.step(), parameters untouched.
+                        entry[name] = saved.to(device=device, copy=True)
+                entry.update(_tree_copy(want_scalars))
+                state[p] = entry
+        for group, saved in zip(self.optimizer.param_groups, meta["param_groups"]):
+            group.update(_tree_copy(saved))
+
+
+class _StatefulComponent(_Component):
+    """Anything with ``state_dict``/``load_state_dict`` whose state is small."""
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def meta(self):
+        return _tree_copy(self.obj.state_dict())
+
+    def load(self, tensors, meta):
+        if not meta and getattr(self.obj, "is_enabled", None) is not None and not self.obj.is_enabled():
+            return  # a disabled GradScaler has an empty state and refuses to load it
+        # A fresh copy: load_state_dict implementations often keep references.
+        self.obj.load_state_dict(_tree_copy(meta))
+
+
+def _component_for(obj: Any) -> _Component:
+    if isinstance(obj, torch.nn.Module):
+        return _ModuleComponent(obj)
+    if isinstance(obj, torch.optim.Optimizer):
+        return _OptimizerComponent(obj)
+    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        return _StatefulComponent(obj)
+    raise TypeError(f"cannot commit {type(obj).__name__}: it needs state_dict() and load_state_dict()")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
+
+
+def _tree_copy(value: Any) -> Any:
+    """Copy of a small nested state: containers rebuilt, tensors cloned to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, dict):
+        copied = {k: _tree_copy(v) for k, v in value.items()}
+        return copied if type(value) is dict else type(value)(copied)
+    if isinstance(value, list):
+        return [_tree_copy(v) for v in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_tree_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def _has_extra_state(module: torch.nn.Module) -> bool:
+    base = torch.nn.Module.get_extra_state
+    return any(type(m).get_extra_state is not base for m in module.modules())
+
+
+def _scale_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any], ratio: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * ratio
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * ratio
+    for scheduler in schedulers:
+        if hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+        if hasattr(scheduler, "_last_lr"):
+            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def _world() -> tuple[int, int]:
+    if hvd.is_initialized():
+        return hvd.rank(), hvd.size()
+    return 0, 1

@@ -1,0 +1,164 @@
+"""ExactlyOnceSampler arithmetic: partitions, resizes, tails, state (single process, no Horovod)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hvd_elastic.training.sampler import ExactlyOnceSampler
+
+
+def world(n, batch, size, **kw):
+    return [ExactlyOnceSampler(n, batch, rank=r, world_size=size, **kw) for r in range(size)]
+
+
+def run_steps(samplers, steps=None):
+    """Take `steps` global steps (all if None) on every rank; return the indices processed."""
+    iters = [iter(s) for s in samplers]
+    counts = {len(s) for s in samplers}
+    assert len(counts) == 1, f"ranks disagree on the number of steps: {counts}"
+    total = counts.pop() if steps is None else steps
+    seen = []
+    for _ in range(total):
+        batches = [next(it) for it in iters]
+        for b in batches:
+            seen.extend(b)
+        for s in samplers:
+            s.record_batch()
+    return seen
+
+
+@pytest.mark.parametrize("n,batch,size", [(100, 8, 3), (17, 4, 4), (5, 2, 8), (64, 8, 2), (1, 1, 1), (0, 3, 2)])
+def test_one_epoch_covers_every_index_once(n, batch, size):
+    seen = run_steps(world(n, batch, size))
+    assert sorted(seen) == list(range(n))
+
+
+def test_tail_never_leaves_a_rank_without_a_batch_when_enough_samples_remain():
+    # 10 samples, 2 ranks x 4: a full step of 8, then 2 left (== world): a step of 1 each.
+    # 9 samples, 4 ranks x 2: a step of 8 leaves 1 < 4 ranks: merged into one step of 9.
+    for n, batch, size in [(10, 4, 2), (9, 2, 4), (103, 5, 4)]:
+        samplers = world(n, batch, size)
+        batches = [list(iter(s)) for s in samplers]
+        for step in zip(*batches):
+            assert all(len(b) >= 1 for b in step), (n, batch, size, step)
+            assert max(map(len, step)) - min(map(len, step)) <= 1
+
+
+def test_random_resize_schedule_keeps_exactly_once():
+    rng = random.Random(1)
+    for trial in range(30):
+        n = rng.randint(0, 300)
+        batch = rng.randint(1, 9)
+        state = ExactlyOnceSampler(n, batch).state_dict()
+        seen = []
+        while state["offset"] < n:
+            size = rng.randint(1, 6)
+            samplers = world(n, batch, size)
+            for s in samplers:
+                s.load_state_dict(state)
+            steps = min(len(samplers[0]), rng.randint(1, 4))
+            seen += run_steps(samplers, steps)
+            # a crash: rolled back, the steps since the commit are simply not recorded
+            if rng.random() < 0.3:
+                for it in [iter(s) for s in samplers]:
+                    next(it, None)
+            state = samplers[0].state_dict()
+            assert all(s.state_dict() == state for s in samplers)
+        assert sorted(seen) == list(range(n)), trial
+
+
+def test_remaining_fewer_than_ranks_gives_empty_batches_to_the_rest():
+    samplers = world(20, 2, 8)
+    for s in samplers:
+        s.load_state_dict({**s.state_dict(), "offset": 17})
+    batches = [list(iter(s)) for s in samplers]
+    assert [len(b) for b in batches] == [1] * 8
+    assert [len(b[0]) for b in batches] == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert sorted(i for b in batches for i in b[0]) == sorted(samplers[0].order()[17:].tolist())
+
+
+def test_shuffle_is_deterministic_by_seed_and_epoch():
+    a, b = ExactlyOnceSampler(50, 5, seed=3), ExactlyOnceSampler(50, 5, seed=3)
+    assert list(a) == list(b)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+    assert list(ExactlyOnceSampler(50, 5, seed=4)) != first
+    assert list(ExactlyOnceSampler(50, 5, shuffle=False))[0] == [0, 1, 2, 3, 4]
+
+
+def test_iteration_does_not_move_the_position_only_record_batch_does():
+    s = ExactlyOnceSampler(40, 4)
+    it = iter(s)
+    prefetched = [next(it) for _ in range(5)]  # what a prefetching DataLoader does
+    assert s.offset == 0 and len(s) == 10
+    s.record_batch(2)
+    assert s.offset == 8 and len(s) == 8
+    assert s.processed_indices().tolist() == prefetched[0] + prefetched[1]
+    assert list(iter(s))[0] == prefetched[2]
+
+
+def test_set_epoch_keeps_position_of_the_current_epoch():
+    s = ExactlyOnceSampler(40, 4)
+    s.record_batch(3)
+    s.set_epoch(0)
+    assert s.offset == 12
+    s.set_epoch(1)
+    assert (s.epoch, s.offset) == (1, 0)
+
+
+def test_record_past_the_end_is_an_error():
+    s = ExactlyOnceSampler(8, 4)
+    s.record_batch(2)
+    with pytest.raises(RuntimeError, match="past the end of epoch 0"):
+        s.record_batch()
+
+
+def test_bad_arguments_and_state_are_rejected():
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        ExactlyOnceSampler(10, 0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        ExactlyOnceSampler(10, 2, rank=2, world_size=2)
+    s = ExactlyOnceSampler(10, 2)
+    with pytest.raises(ValueError, match="sampler state is for 11 samples"):
+        s.load_state_dict({**s.state_dict(), "num_samples": 11})
+    with pytest.raises(ValueError, match="offset 12 outside"):
+        s.load_state_dict({**s.state_dict(), "offset": 12})
+
+
+def test_step_samples_override_splits_uneven_global_batches():
+    s0, s1, s2 = [ExactlyOnceSampler(30, 1, rank=r, world_size=3) for r in range(3)]
+    for s in (s0, s1, s2):
+        s.set_world(s.rank, 3, step_samples=10)
+    sizes = [len(next(iter(s))) for s in (s0, s1, s2)]
+    assert sizes == [4, 3, 3] and s0.local_batch_size == 4
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 37
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+def test_dataloader_with_workers_and_prefetch_sees_the_same_batches():
+    s = ExactlyOnceSampler(37, 5, rank=1, world_size=2)
+    expected = list(iter(s))
+    loader = DataLoader(Squares(), batch_sampler=s, num_workers=2, prefetch_factor=4,
+                        collate_fn=ExactlyOnceSampler.collate())
+    got = []
+    for batch in loader:
+        got.append(batch.tolist())
+        s.record_batch()
+    assert got == expected and s.remaining == 0
+
+
+def test_collate_turns_an_empty_batch_into_none():
+    collate = ExactlyOnceSampler.collate()
+    assert collate([]) is None
+    assert collate([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]

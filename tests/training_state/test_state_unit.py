@@ -1,0 +1,256 @@
+"""TrainingState commit/restore/snapshot in one process (Horovod initialised as a world of one)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+import torch
+
+from hvd_elastic.training.batching import BatchPolicy
+from hvd_elastic.training.sampler import ExactlyOnceSampler
+
+
+def make(seed=0, **kw):
+    from hvd_elastic.training.state import TrainingState
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    sampler = ExactlyOnceSampler(64, 4)
+    state = TrainingState(model=model, optimizer=opt, schedulers=[sched], scaler=scaler, sampler=sampler,
+                          epoch=0, step=0, history=[], **kw)
+    return state
+
+
+def train_step(state):
+    x = torch.randn(8, 4)
+    loss = state.model(x).pow(2).mean()
+    state.optimizer.zero_grad()
+    state.scaler.scale(loss).backward()
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.schedulers[0].step()
+    state.sampler.record_batch()
+    state.step += 1
+    state.history.append(state.step)
+
+
+def fingerprint(state):
+    """Everything that must come back after restore, as comparable values."""
+    opt = state.optimizer
+    return {
+        "model": {k: v.clone() for k, v in state.model.state_dict().items()},
+        "opt": [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()}
+                for g in opt.param_groups for p in g["params"] if p in opt.state],
+        "lr": [g["lr"] for g in opt.param_groups],
+        "sched": state.schedulers[0].state_dict(),
+        "scaler": state.scaler.state_dict(),
+        "sampler": state.sampler.state_dict(),
+        "values": {k: list(v) if isinstance(v, list) else v for k, v in state.values.items()},
+        "rng": (torch.rand(3), random.random()),
+    }
+
+
+def assert_same(a, b):
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert len(a["opt"]) == len(b["opt"])
+    for x, y in zip(a["opt"], b["opt"]):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k]
+    for key in ("lr", "sched", "scaler", "sampler", "values"):
+        assert a[key] == b[key], key
+    assert torch.equal(a["rng"][0], b["rng"][0]) and a["rng"][1] == b["rng"][1]
+
+
+def test_restore_returns_everything_to_the_last_commit(hvd):
+    state = make()
+    train_step(state)
+    state.commit()
+    rng_state = (torch.get_rng_state(), random.getstate())
+    expected = fingerprint(state)
+    torch.set_rng_state(rng_state[0]), random.setstate(rng_state[1])
+    for _ in range(3):
+        train_step(state)
+    state.epoch = 7
+    state.restore()
+    assert_same(fingerprint(state), expected)
+
+
+def test_restore_before_the_first_step_drops_lazily_created_optimizer_state(hvd):
+    state = make()
+    before = fingerprint(state)
+    torch.set_rng_state(torch.get_rng_state())
+    assert not state.optimizer.state
+    train_step(state)  # Adam creates exp_avg/exp_avg_sq/step now
+    state.restore()
+    assert not state.optimizer.state
+    for k, v in before["model"].items():
+        assert torch.equal(state.model.state_dict()[k], v)
+
+
+def test_commit_reuses_its_buffer_until_the_layout_changes(hvd):
+    state = make()
+    first = state._buffer
+    train_step(state)
+    state.commit()  # Adam state appeared: new layout, new buffer
+    second = state._buffer
+    assert second is not first
+    views = [v.data_ptr() for v in second.views]
+    for _ in range(3):
+        train_step(state)
+        state.commit()
+    assert state._buffer is second and [v.data_ptr() for v in state._buffer.views] == views
+    assert state.commit_count == 4
+
+
+def test_restore_copies_into_the_live_tensors_in_place(hvd):
+    state = make()
+    train_step(state)
+    state.commit()
+    params = [p.data_ptr() for p in state.model.parameters()]
+
+    def moments():
+        return {(id(p), k): t.data_ptr() for p, s in state.optimizer.state.items() for k, t in s.items()}
+
+    before = moments()
+    train_step(state)
+    state.restore()
+    assert params == [p.data_ptr() for p in state.model.parameters()]
+    assert moments() == before
+
+
+def test_snapshot_is_weights_only_loadable_and_loads_into_fresh_objects(hvd):
+    state = make(seed=1)
+    for _ in range(3):
+        train_step(state)
+        state.commit()
+    rng_state = (torch.get_rng_state(), random.getstate())
+    expected = fingerprint(state)
+    buffer = io.BytesIO()
+    torch.save(state.snapshot(), buffer)
+    buffer.seek(0)
+    snap = torch.load(buffer, weights_only=True)
+    assert snap["commit_count"] == 3 and snap["values"]["step"] == 3
+
+    fresh = make(seed=2)  # different initial weights, no optimizer state
+    fresh.load_snapshot(snap)
+    assert fresh.commit_count == 0
+    torch.set_rng_state(rng_state[0]), random.setstate(rng_state[1])
+    assert_same(fingerprint(fresh), expected)
+    # and it is now the committed state: a restore goes back to it
+    train_step(fresh)
+    fresh.restore()
+    assert fresh.step == 3
+
+
+def test_snapshot_views_change_with_the_next_commit_unless_copied(hvd):
+    state = make()
+    train_step(state)
+    state.commit()
+    view, private = state.snapshot(), state.snapshot(copy=True)
+    key = next(iter(view["components"]["model"]["tensors"]))
+    before = private["components"]["model"]["tensors"][key].clone()
+    train_step(state)
+    state.commit()
+    assert torch.equal(private["components"]["model"]["tensors"][key], before)
+    assert not torch.equal(view["components"]["model"]["tensors"][key], before)
+
+
+def test_load_snapshot_rejects_foreign_dicts(hvd):
+    state = make()
+    with pytest.raises(ValueError, match="not a TrainingState snapshot"):
+        state.load_snapshot({"model": {}})
+
+
+def test_listeners_see_commit_restore_and_sync(hvd):
+    state = make()
+    events = []
+    state.add_listener(lambda event, fields: events.append((event, fields)))
+    state.add_listener(lambda event, fields: 1 / 0)  # a broken listener must not break training
+    train_step(state)
+    state.commit()
+    state.restore()
+    state.sync()
+    names = [e for e, _ in events]
+    assert names == ["commit", "restore", "sync"]
+    commit = events[0][1]
+    assert commit["commit_count"] == 1 and commit["bytes"] > 0 and commit["seconds"] >= 0
+    assert events[2][1]["bytes"] == commit["bytes"]
+
+
+def test_user_values_are_attributes_and_reserved_names_are_refused(hvd):
+    from hvd_elastic.training.state import TrainingState
+
+    state = make()
+    state.epoch = 4
+    assert state.values["epoch"] == 4
+    with pytest.raises(ValueError, match="reserved"):
+        TrainingState(commit_count=1)
+    with pytest.raises(AttributeError):
+        state.not_a_value
+
+
+def test_register_extension_point(hvd):
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n, "t": torch.tensor([self.n])}
+
+        def load_state_dict(self, sd):
+            self.n = sd["n"]
+            assert sd["t"].item() == sd["n"]
+
+    state = make()
+    counter = Counter()
+    state.register("counter", counter)
+    counter.n = 5
+    state.commit()
+    counter.n = 9
+    state.restore()
+    assert counter.n == 5
+    with pytest.raises(TypeError, match="needs state_dict"):
+        state.register("bad", object())
+    with pytest.raises(ValueError, match="already registered"):
+        state.register("counter", Counter())
+
+
+def test_scale_lr_policy_follows_world_size_and_is_committed(hvd):
+    from hvd_elastic.training.state import TrainingState
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
+    state = TrainingState(model=model, optimizer=opt, schedulers=[sched], rng=False,
+                          batch_policy=BatchPolicy.scale_lr(8, base_world_size=4))
+    # world of one, base of four: a quarter of the LR
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    state.commit()
+    state.reset()  # idempotent for the same world size
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert state.snapshot()["policy"]["lr_factor"] == pytest.approx(0.25)
+
+
+def test_batch_policy_arithmetic():
+    g = BatchPolicy.constant_global(96)
+    assert [g.step_samples(w) for w in (1, 2, 5)] == [96, 96, 96] and g.accumulation_steps(5) == 1
+    a = BatchPolicy.accumulate(256, 32)
+    assert [a.accumulation_steps(w) for w in (1, 2, 3, 8, 16)] == [8, 4, 3, 1, 1]
+    assert a.effective_global_batch(2) == 256 and a.step_samples(2) == 64
+    s = BatchPolicy.scale_lr(16)
+    assert s.step_samples(3) == 48 and s.lr_factor(6, base_world_size=2) == 3.0
+    assert g.lr_factor(6, base_world_size=2) == 1.0
+    with pytest.raises(ValueError, match="unknown batch policy mode 'x'"):
+        BatchPolicy("x")
+    with pytest.raises(ValueError, match="global_batch_size must be a positive integer, got 0"):
+        BatchPolicy.constant_global(0)
