@@ -1,0 +1,130 @@
+"""``hvd-elastic consul-dev``: run the Consul-compatible development agent in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+
+log = logging.getLogger(__name__)
+
+EPILOG = """\
+Each node gets its own agent HTTP port: --nodes gpu-a,gpu-b --http-port 8500 serves
+gpu-a on 8500 and gpu-b on 8501 (--http-port 0 picks free ports).  Once every node
+answers /v1/status/leader, the node->address map is printed on stdout as one JSON
+line and, with --ready-file, written atomically to that file.
+
+Simulating node failure: PUT /_dev/node/<name>/stop (or /start) on any live node's
+port kills (or revives) that node's agent: its port closes and its serfHealth check
+turns critical, so ?passing drops its services.  GET /_dev/nodes lists the nodes.
+With --acl-token these need the token, like every ACL-protected endpoint.
+
+SIGTERM or SIGINT stops every agent and exits 0.  Exit codes: 0 clean stop,
+1 could not start (port in use, unreadable certificate), 2 bad arguments.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("--nodes", default="localhost",
+                        help="comma-separated node names, one agent each (default %(default)s)")
+    parser.add_argument("--http-port", type=int, default=8500,
+                        help="HTTP port of the first node; the others follow (0: free ports; default %(default)s)")
+    parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--acl-token", default=None,
+                        help="enable ACLs (default_policy=deny) with this management token")
+    parser.add_argument("--acl-token-file", default=None,
+                        help="read the management token from this file (keeps it out of the process list)")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve HTTPS")
+    parser.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
+    parser.add_argument("--ready-file", default=None,
+                        help='write {"<node>": "<host:port>", ...} here once every node answers')
+    parser.add_argument("--reap-interval", type=float, default=30.0,
+                        help="seconds between DeregisterCriticalServiceAfter reaper runs (Consul: 30)")
+    parser.add_argument("--deregister-critical-min", type=float, default=60.0,
+                        help="floor of DeregisterCriticalServiceAfter in seconds (Consul: 60)")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.acl_token and args.acl_token_file:
+        raise ValueError("give --acl-token or --acl-token-file, not both")
+    if args.acl_token_file:
+        try:
+            with open(args.acl_token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--acl-token-file {args.acl_token_file!r} is unreadable: {exc.strerror}") from None
+        if not token:
+            raise ValueError(f"--acl-token-file {args.acl_token_file!r} is empty")
+        return token
+    if args.acl_token is not None and not args.acl_token:
+        raise ValueError("--acl-token must not be empty")
+    return args.acl_token
+
+
+def write_ready_file(path: str, addresses: dict[str, str]) -> None:
+    """Write the address map atomically (a reader never sees a partial file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".consul-dev-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(addresses, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cluster import DevCluster
+
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    try:
+        token = _token(args)
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key must be given together")
+        cluster = DevCluster(
+            nodes=nodes, acl_token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            reap_interval=args.reap_interval, deregister_critical_min=args.deregister_critical_min,
+            http_port=args.http_port, bind=args.bind,
+        )
+    except ValueError as exc:
+        print(f"hvd-elastic consul-dev: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # certificate or key unreadable
+        print(f"hvd-elastic consul-dev: error: cannot load TLS certificate/key: {exc}", file=sys.stderr)
+        return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            cluster.start()
+        except OSError as exc:
+            print(f"hvd-elastic consul-dev: error: cannot listen on {args.bind}: {exc}", file=sys.stderr)
+            return 1
+        addresses = cluster.addresses()
+        if args.ready_file:
+            write_ready_file(args.ready_file, addresses)
+        print(json.dumps(addresses), flush=True)
+        log.info("consul-dev ready (%s, ACLs %s): %s", "https" if cluster.tls else "http",
+                 "on" if token else "off", ", ".join(f"{n}={a}" for n, a in addresses.items()))
+        while not stop.wait(1.0):
+            pass
+        return 0
+    finally:
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
