@@ -98,6 +98,20 @@ def _convert(value: Any, gotype: str, struct: str, field: str) -> Any:
     raise AssertionError(gotype)
 
 
+_LOOKUPS: dict[str, dict[str, str]] = {}
+
+
+def _lookup(struct: str, fields: dict[str, str], aliases: dict[str, str] | None) -> dict[str, str]:
+    """Normalised key -> canonical field name, built once per struct."""
+    table = _LOOKUPS.get(struct)
+    if table is None:
+        table = {_key(name): name for name in fields}
+        for alias, target in (aliases or {}).items():
+            table[_key(alias)] = target
+        _LOOKUPS[struct] = table
+    return table
+
+
 def decode_struct(raw: Any, struct: str, fields: dict[str, str], aliases: dict[str, str] | None = None) -> dict:
     """Decode a JSON object into ``{CanonicalField: value}`` following ``fields``.
 
@@ -106,9 +120,7 @@ def decode_struct(raw: Any, struct: str, fields: dict[str, str], aliases: dict[s
     """
     if not isinstance(raw, dict):
         raise DecodeError(f"json: cannot unmarshal {_json_kind(raw)} into Go value of type structs.{struct}")
-    lookup = {_key(name): name for name in fields}
-    for alias, target in (aliases or {}).items():
-        lookup[_key(alias)] = target
+    lookup = _lookup(struct, fields, aliases)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = lookup.get(_key(key))

@@ -29,14 +29,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_PREFIXES = sorted((p for p in ROUTES if p.endswith("/")), key=len, reverse=True)
+
+
 def match(path: str) -> Route | None:
     """Go ServeMux rules: exact patterns match exactly, ``/``-terminated ones by prefix; longest wins."""
-    best = None
-    for pattern, candidate in ROUTES.items():
-        if pattern == path or (pattern.endswith("/") and path.startswith(pattern)):
-            if best is None or len(pattern) > len(best.pattern):
-                best = candidate
-    return best
+    exact = ROUTES.get(path)
+    if exact is not None:
+        return exact
+    for pattern in _PREFIXES:
+        if path.startswith(pattern):
+            return ROUTES[pattern]
+    return None
 
 
 def request_token(req: Request) -> str:
