@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
+from hvd_elastic.config import ConsulConfig
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
 from hvd_elastic.discovery.options import (
@@ -41,7 +43,7 @@ from hvd_elastic.discovery.options import (
     positive_float,
     positive_int,
 )
-from hvd_elastic.discovery.reader import ConsulError, get_json
+from hvd_elastic.discovery.reader import ConsulError, anonymous_is_denied, get_json
 
 log = logging.getLogger("hvd_elastic.discovery")
 
@@ -90,19 +92,25 @@ def service_path(service: str) -> str:
     return f"/v1/health/service/{quote(service, safe='')}"
 
 
+def fetch_health(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options, *, passing: bool, retry_window: float = 0.0) -> Any:
+    """The raw health entries of the service; raises ConsulError."""
+    query = health_query(args, options, passing=passing)
+    entries = get_json(config, service_path(args.service), query, timeout=args.timeout, retry_window=retry_window)
+    if entries == [] and not config.token and anonymous_is_denied(config, args.timeout):
+        raise ConsulError(
+            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or --token",
+            retryable=False,
+        )
+    return entries
+
+
 def discover(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[hostlib.Decision]]:
     """Ask Consul and decide; raises ConsulError, MalformedResponse or ConfigError."""
     config = consul_config(args)
     options = options_from_args(args)
     first_call = FirstCall(args.service)
     retry_window = args.first_call_retry if first_call.is_first else 0.0
-    entries = get_json(
-        config,
-        service_path(args.service),
-        health_query(args, options, passing=True),
-        timeout=args.timeout,
-        retry_window=retry_window,
-    )
+    entries = fetch_health(args, config, options, passing=True, retry_window=retry_window)
     decisions = hostlib.evaluate(entries, options)
     first_call.record_success()
     return hostlib.merge(decisions), decisions

@@ -45,7 +45,7 @@ def _remaining(deadline: float) -> float:
     return left
 
 
-def _request(config: ConsulConfig, url: str, deadline: float) -> tuple[int, bytes]:
+def _request(config: ConsulConfig, url: str, deadline: float) -> tuple[int, http.client.HTTPMessage, bytes]:
     conn = http.client.HTTPConnection(config.host, config.port, timeout=_remaining(deadline))
     if config.scheme == "https":
         # Connect and wrap here so CONSUL_TLS_SERVER_NAME can differ from the address dialled.
@@ -64,10 +64,13 @@ def _request(config: ConsulConfig, url: str, deadline: float) -> tuple[int, byte
         sock.settimeout(_remaining(deadline))
         response = conn.getresponse()
         chunks = []
-        while chunk := response.read(_CHUNK):
-            chunks.append(chunk)
+        while not response.isclosed():  # it closes itself once the whole body is read
             sock.settimeout(_remaining(deadline))
-        return response.status, b"".join(chunks)
+            chunk = response.read(_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return response.status, response.headers, b"".join(chunks)
     finally:
         conn.close()
 
@@ -114,7 +117,7 @@ def get_json(
 def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
     where = f"Consul at {config.base_url}"
     try:
-        status, body = _request(config, url, deadline)
+        status, headers, body = _request(config, url, deadline)
     except TimeoutError:
         raise ConsulError(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
     except ssl.SSLError as exc:
@@ -129,6 +132,13 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
             retryable=False,
             status=status,
         )
+    if headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true":
+        # Printing what is left would be a partial list.
+        raise ConsulError(
+            f"{where} hid some results from this token (X-Consul-Results-Filtered-By-ACLs): give it service:read and node:read",
+            retryable=False,
+            status=status,
+        )
     if status >= 500:
         raise ConsulError(f"{where} failed: {status} {_error_text(body)}", retryable=True, status=status)
     if status != 200:
@@ -137,3 +147,18 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
         return json.loads(body)
     except ValueError:
         raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False, status=status) from None
+
+
+def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:
+    """True when Consul enforces ACLs against requests without a token.
+
+    With ACLs on, Consul answers listings made without a token with the
+    anonymous token's view, usually empty, and a 200.  ``/v1/agent/self`` needs
+    ``agent:read``, which a default-deny anonymous token lacks: a 403 there
+    tells an ACL-hidden empty list from a genuinely empty one.
+    """
+    try:
+        status, _, _ = _request(config, "/v1/agent/self", time.monotonic() + timeout)
+    except (OSError, http.client.HTTPException):
+        return False
+    return status == 403

@@ -1,0 +1,134 @@
+"""Helpers shared by the discovery and node-agent tests (imported by both conftests).
+
+Everything talks to real processes over real HTTP: the dev agent's Consul API,
+the discovery script as a subprocess, and :class:`ScriptedServer`, a loopback
+HTTP server that answers with whatever a test scripts (garbage, 5xx, silence)
+to reach the failure paths a healthy Consul never takes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
+HVD_ELASTIC = VENV_BIN / "hvd-elastic"
+
+
+def clean_env(state_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child: no inherited Consul or hvd-elastic settings, the venv first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONSUL_", "HVD_ELASTIC_"))}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["HVD_ELASTIC_DISCOVERY_STATE_DIR"] = str(state_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_discovery(env: dict[str, str], *args: str, cli: bool = False) -> subprocess.CompletedProcess:
+    """Run ``discovery/consul_hosts`` (or ``hvd-elastic discover``); 60 s guards against hangs."""
+    cmd = [str(HVD_ELASTIC), "discover", *args] if cli else [str(CONSUL_HOSTS), *args]
+    # A new session, as horovodrun's safe_shell_exec gives it: the first-call logic keys on it.
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, start_new_session=True)
+
+
+def consul_request(addr: str, method: str, path: str, body: object = None, token: str | None = None) -> tuple[int, object]:
+    """One request to a dev agent; returns (status, decoded JSON or text)."""
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    headers = {"X-Consul-Token": token} if token else {}
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        response = conn.getresponse()
+        raw = response.read().decode()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw
+
+
+def register(
+    addr: str,
+    service_id: str = "horovod",
+    *,
+    name: str = "horovod",
+    slots: str | None = "1",
+    address: str = "",
+    tags: list[str] | None = None,
+    status: str = "passing",
+    ttl: str = "300s",
+    token: str | None = None,
+) -> None:
+    """Register a service instance with one TTL check on the agent at ``addr``."""
+    body = {
+        "Name": name,
+        "ID": service_id,
+        "Address": address,
+        "Tags": tags or [],
+        "Meta": {} if slots is None else {"slots": slots},
+        "Check": {"TTL": ttl, "Status": status},
+    }
+    code, answer = consul_request(addr, "PUT", "/v1/agent/service/register", body, token)
+    assert code == 200, (code, answer)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ScriptedServer:
+    """A loopback HTTP server whose every answer comes from ``respond(request_number)``.
+
+    ``respond`` returns (status, body bytes), or None to accept the request and
+    never answer (until the server stops).
+    """
+
+    def __init__(self, respond: Callable[[int], tuple[int, bytes] | None]):
+        self.requests: list[str] = []
+        self._stop = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server naming
+                outer.requests.append(self.path)
+                answer = respond(len(outer.requests))
+                if answer is None:
+                    outer._stop.wait(30)
+                    return
+                status, body = answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "ScriptedServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
