@@ -1,0 +1,90 @@
+"""The ``hvd-elastic`` command line.
+
+Each subcommand lives in its own module, which provides::
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None
+    def run(args: argparse.Namespace) -> int      # the process exit code
+
+Modules are imported only when their subcommand runs, so a fast path such as
+``hvd-elastic discover`` (called by horovodrun every second) never pays for
+importing torch or horovod.
+
+Exit codes follow the usual conventions: 0 success, 1 the operation failed,
+2 bad usage or bad input (argparse's own code), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from hvd_elastic import __version__
+
+# name -> (module, one-line help).  Order is the order shown by --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("hvd_elastic.doctor", "check what this node needs to run elastic training"),
+    "consul-dev": ("hvd_elastic.devagent.cli", "run the Consul-compatible development agent"),
+    "discover": ("hvd_elastic.discovery.cli", "print healthy hosts as host:slots (for horovodrun)"),
+    "node-agent": ("hvd_elastic.nodeagent.cli", "register this node in Consul and keep its health check alive"),
+    "drain": ("hvd_elastic.nodeagent.drain", "put this node's service into maintenance (graceful leave)"),
+    "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
+    "status": ("hvd_elastic.nodeagent.status", "show the service's nodes, slots, health and what discovery prints"),
+}
+
+
+def _load(name: str):
+    module_name, _ = COMMANDS[name]
+    return importlib.import_module(module_name)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; with ``only`` set, import just that subcommand's module."""
+    parser = argparse.ArgumentParser(
+        prog="hvd-elastic",
+        description="Elastic Horovod training for PyTorch with Consul host discovery.",
+    )
+    parser.add_argument("--version", action="version", version=f"hvd-elastic {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("HVD_ELASTIC_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (env HVD_ELASTIC_LOG_LEVEL; default %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == only:
+            module = _load(name)
+            module.add_arguments(sp)
+            sp.set_defaults(_module=module)
+    return parser
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    # The first known command word; anything before it is a global option.
+    return next((arg for arg in argv if arg in COMMANDS), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=_subcommand(argv))
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

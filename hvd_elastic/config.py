@@ -1,0 +1,173 @@
+"""Typed configuration shared by every hvd-elastic component.
+
+Consul connection settings follow the Consul ecosystem exactly: the same
+``CONSUL_HTTP_*`` variables the ``consul`` CLI and Consul's Go API read, with
+an explicit value (a command-line flag) winning over the environment.
+
+Token precedence, highest first: explicit token, explicit token file,
+``CONSUL_HTTP_TOKEN``, ``CONSUL_HTTP_TOKEN_FILE``.  The token never appears in
+``repr()`` or logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import ssl
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+DEFAULT_CONSUL_ADDR = "127.0.0.1:8500"
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the value and what was expected."""
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Parse a boolean the way Go's ``strconv.ParseBool`` (and so Consul) does."""
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean (expected one of 1, t, true, 0, f, false)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsulConfig:
+    """Where and how to reach a Consul agent's HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = 8500
+    scheme: str = "http"
+    token: str | None = dataclasses.field(default=None, repr=False)
+    verify: bool = True
+    ca_file: str | None = None
+    ca_path: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    tls_server_name: str | None = None
+    datacenter: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def __repr__(self) -> str:  # never show the token
+        shown = "set" if self.token else "none"
+        return f"ConsulConfig({self.base_url}, token={shown}, verify={self.verify})"
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        addr: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        datacenter: str | None = None,
+    ) -> ConsulConfig:
+        """Build the configuration from ``CONSUL_HTTP_*`` variables and explicit overrides."""
+        env = os.environ if environ is None else environ
+        raw_addr = addr or env.get("CONSUL_HTTP_ADDR") or DEFAULT_CONSUL_ADDR
+        scheme, host, port = _parse_addr(raw_addr)
+        if not addr or "://" not in raw_addr:
+            ssl_flag = env.get("CONSUL_HTTP_SSL")
+            if ssl_flag is not None and ssl_flag != "" and parse_bool("CONSUL_HTTP_SSL", ssl_flag):
+                scheme = "https"
+        verify_raw = env.get("CONSUL_HTTP_SSL_VERIFY", "")
+        verify = True if verify_raw == "" else parse_bool("CONSUL_HTTP_SSL_VERIFY", verify_raw)
+
+        resolved_token = _resolve_token(env, token, token_file)
+        cfg = cls(
+            host=host,
+            port=port,
+            scheme=scheme,
+            token=resolved_token,
+            verify=verify,
+            ca_file=ca_file or env.get("CONSUL_CACERT") or None,
+            ca_path=env.get("CONSUL_CAPATH") or None,
+            client_cert=client_cert or env.get("CONSUL_CLIENT_CERT") or None,
+            client_key=client_key or env.get("CONSUL_CLIENT_KEY") or None,
+            tls_server_name=env.get("CONSUL_TLS_SERVER_NAME") or None,
+            datacenter=datacenter,
+        )
+        if bool(cfg.client_cert) != bool(cfg.client_key):
+            raise ConfigError("CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY must be set together")
+        return cfg
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """An SSL context for https, honouring CA, client certificate and verify settings."""
+        if self.scheme != "https":
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca_file, capath=self.ca_path)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert:
+            ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+    def requests_verify(self) -> bool | str:
+        """The ``verify`` argument for requests-based clients such as py-consul."""
+        if not self.verify:
+            return False
+        return self.ca_file or self.ca_path or True
+
+
+def _parse_addr(raw: str) -> tuple[str, str, int]:
+    text = raw.strip()
+    scheme = "http"
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https"):
+            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: scheme {parts.scheme!r} is not supported (expected http or https)")
+        scheme = parts.scheme
+        host, port = parts.hostname, parts.port
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+        host = host.strip("[]")
+        try:
+            port = int(port_text) if port_text else None
+        except ValueError:
+            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port_text!r} is not a number (expected host:port)") from None
+    if not host:
+        raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r} has no host (expected host:port or http[s]://host:port)")
+    if port is None:
+        port = 443 if scheme == "https" else 8500
+    if not 0 < port < 65536:
+        raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port} is out of range (expected 1-65535)")
+    return scheme, host, port
+
+
+def _read_token_file(source: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"{source}={path!r} cannot be read: {exc.strerror}") from None
+
+
+def _resolve_token(env: Mapping[str, str], token: str | None, token_file: str | None) -> str | None:
+    if token:
+        return token
+    if token_file:
+        return _read_token_file("--token-file", token_file) or None
+    if env.get("CONSUL_HTTP_TOKEN"):
+        return env["CONSUL_HTTP_TOKEN"]
+    if env.get("CONSUL_HTTP_TOKEN_FILE"):
+        return _read_token_file("CONSUL_HTTP_TOKEN_FILE", env["CONSUL_HTTP_TOKEN_FILE"]) or None
+    return None

@@ -1,0 +1,194 @@
+"""``hvd-elastic doctor``: check, one line each, what a training node needs.
+
+Every check returns a :class:`Finding`.  A failed *required* check makes the
+command exit 1 and its line says how to fix it; optional checks (GPUs on a
+CPU-only node, say) only warn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from hvd_elastic.config import ConfigError, ConsulConfig
+
+BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
+
+
+@dataclasses.dataclass
+class Finding:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.ok:
+            return "ok"
+        return "FAIL" if self.required else "warn"
+
+    def line(self) -> str:
+        text = f"{self.label:<5} {self.name:<10} {self.detail}"
+        if not self.ok and self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+
+def check_python(args: argparse.Namespace) -> Finding:
+    version = ".".join(map(str, sys.version_info[:3]))
+    ok = sys.version_info >= (3, 10)
+    return Finding("python", ok, f"{version} at {sys.executable}", "use Python 3.10 or newer")
+
+
+def _version_of(module: str) -> str | None:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:  # an import that crashes is as missing as one that is absent
+        return None
+
+
+def check_torch(args: argparse.Namespace) -> Finding:
+    version = _version_of("torch")
+    if version is None:
+        return Finding("torch", False, "not importable", BOOTSTRAP_FIX)
+    return Finding("torch", True, version)
+
+
+def parse_check_build(text: str) -> dict[str, dict[str, bool]]:
+    """Parse ``horovodrun --check-build`` into {section: {item: ticked}}."""
+    sections: dict[str, dict[str, bool]] = {}
+    current: dict[str, bool] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.endswith(":") and not line.startswith("["):
+            current = sections.setdefault(line[:-1], {})
+        elif current is not None and line[:3] in ("[X]", "[ ]"):
+            current[line[3:].strip()] = line[:3] == "[X]"
+    return sections
+
+
+def check_horovod(args: argparse.Namespace) -> Finding:
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if horovodrun is None:
+        return Finding("horovod", False, "horovodrun not found", BOOTSTRAP_FIX)
+    try:
+        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return Finding("horovod", False, "horovodrun --check-build timed out", BOOTSTRAP_FIX)
+    build = parse_check_build(out.stdout)
+    ticked = {
+        "PyTorch": build.get("Available Frameworks", {}).get("PyTorch", False),
+        "Gloo": build.get("Available Controllers", {}).get("Gloo", False),
+        "MPI": build.get("Available Controllers", {}).get("MPI", False),
+    }
+    version = _version_of("horovod") or "?"
+    detail = f"{version}: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in ticked.items())
+    return Finding("horovod", out.returncode == 0 and all(ticked.values()), detail,
+                   "rebuild Horovod with PyTorch, Gloo and MPI: " + BOOTSTRAP_FIX)
+
+
+def check_mpi(args: argparse.Namespace) -> Finding:
+    try:
+        from mpi4py import MPI
+    except Exception as exc:
+        return Finding("mpi", False, f"mpi4py not importable ({exc.__class__.__name__})", BOOTSTRAP_FIX)
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return Finding("mpi", False, f"mpi4py on {library}, but no mpirun", "apt-get install openmpi-bin")
+    return Finding("mpi", True, f"mpi4py on {library}; mpirun {mpirun}")
+
+
+def check_consul(args: argparse.Namespace) -> Finding:
+    fix = "start the local Consul agent or point CONSUL_HTTP_ADDR at it"
+    try:
+        cfg = ConsulConfig.from_env()
+    except ConfigError as exc:
+        return Finding("consul", False, str(exc), "fix the CONSUL_HTTP_* variable")
+    request = urllib.request.Request(cfg.base_url + "/v1/status/leader")
+    if cfg.token:
+        request.add_header("X-Consul-Token", cfg.token)
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout, context=cfg.ssl_context()) as response:
+            leader = json.loads(response.read() or b'""')
+    except urllib.error.HTTPError as exc:
+        return Finding("consul", False, f"{cfg.base_url} answered HTTP {exc.code}", fix)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Finding("consul", False, f"{cfg.base_url} unreachable ({reason})", fix)
+    if not leader:
+        return Finding("consul", False, f"{cfg.base_url} reports no cluster leader", "wait for the Consul cluster to elect a leader")
+    return Finding("consul", True, f"{cfg.base_url} leader {leader}")
+
+
+def check_gpus(args: argparse.Namespace) -> Finding:
+    try:
+        import torch
+        count = torch.cuda.device_count()
+    except Exception:
+        count = 0
+    if count:
+        import torch
+        names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
+        return Finding("gpus", True, f"{count} visible ({', '.join(names)})")
+    detail = f"0 visible; CPU slots would be {os.cpu_count()}"
+    return Finding("gpus", False, detail, "check the NVIDIA driver and CUDA_VISIBLE_DEVICES", required=args.require_gpu)
+
+
+def check_disk(args: argparse.Namespace) -> Finding:
+    path = args.checkpoint_dir
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(os.path.abspath(probe))
+    free_gib = shutil.disk_usage(probe).free / 2**30
+    ok = free_gib >= args.min_free_gib
+    return Finding("disk", ok, f"{free_gib:.1f} GiB free at {path} (need {args.min_free_gib:g})",
+                   "free space or choose another --checkpoint-dir")
+
+
+CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
+    check_python, check_torch, check_horovod, check_mpi, check_consul, check_gpus, check_disk,
+]
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("HVD_ELASTIC_CHECKPOINT_DIR", "."),
+                        help="where checkpoints will be written (env HVD_ELASTIC_CHECKPOINT_DIR; default: .)")
+    parser.add_argument("--min-free-gib", type=_non_negative, default=1.0,
+                        help="free disk required at --checkpoint-dir, in GiB (default %(default)s)")
+    parser.add_argument("--require-gpu", action="store_true", help="fail, not warn, when no GPU is visible")
+    parser.add_argument("--timeout", type=_non_negative, default=2.0,
+                        help="seconds to wait for the Consul agent (default %(default)s)")
+    parser.epilog = "Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the other CONSUL_HTTP_* variables."
+
+
+def run(args: argparse.Namespace) -> int:
+    findings = [check(args) for check in CHECKS]
+    for finding in findings:
+        print(finding.line(), flush=True)
+    failed = [f.name for f in findings if not f.ok and f.required]
+    if failed:
+        print(f"doctor: {len(failed)} required check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0

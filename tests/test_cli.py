@@ -1,0 +1,101 @@
+"""The hvd-elastic command: global options, --help everywhere, and doctor's exit paths."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hvd_elastic import __version__
+from hvd_elastic.cli import COMMANDS
+from hvd_elastic.doctor import parse_check_build
+
+HVD_ELASTIC = [sys.executable, "-m", "hvd_elastic.cli"]
+
+
+def hvd_elastic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*HVD_ELASTIC, *args], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **(env or {})})
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_version():
+    out = hvd_elastic("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"hvd-elastic {__version__}"
+
+
+def test_no_command_prints_help_and_exits_2():
+    out = hvd_elastic()
+    assert out.returncode == 2
+    assert "doctor" in out.stdout and "discover" in out.stdout
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_subcommand_has_help(command):
+    out = hvd_elastic(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: hvd-elastic {command}")
+
+
+def test_unknown_option_is_a_usage_error():
+    out = hvd_elastic("doctor", "--min-free-gib", "lots")
+    assert out.returncode == 2
+    assert "'lots' is not a number" in out.stderr
+
+
+CHECK_BUILD = """Horovod v0.28.1:
+
+Available Frameworks:
+    [ ] TensorFlow
+    [X] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [X] MPI
+    [ ] Gloo
+
+Available Tensor Operations:
+    [ ] NCCL
+    [X] Gloo
+"""
+
+
+def test_parse_check_build_keeps_sections_apart():
+    build = parse_check_build(CHECK_BUILD)
+    assert build["Available Frameworks"] == {"TensorFlow": False, "PyTorch": True, "MXNet": False}
+    assert build["Available Controllers"] == {"MPI": True, "Gloo": False}
+    assert build["Available Tensor Operations"]["Gloo"] is True
+
+
+def test_doctor_fails_when_consul_is_unreachable(tmp_path):
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path),
+                      env={"CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
+    assert out.returncode == 1
+    lines = {line.split()[1]: line for line in out.stdout.splitlines()}
+    assert lines["consul"].startswith("FAIL") and "unreachable" in lines["consul"] and "fix:" in lines["consul"]
+    assert lines["horovod"].startswith("ok") and "PyTorch yes, Gloo yes, MPI yes" in lines["horovod"]
+    assert lines["torch"].startswith("ok")
+    assert "required check(s) failed: consul" in out.stderr
+
+
+def test_doctor_names_a_bad_consul_address(tmp_path):
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), env={"CONSUL_HTTP_ADDR": "127.0.0.1:eighty"})
+    assert out.returncode == 1
+    assert "CONSUL_HTTP_ADDR='127.0.0.1:eighty': port 'eighty' is not a number" in out.stdout
+
+
+def test_doctor_fails_on_too_little_disk(tmp_path):
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--min-free-gib", "1e12",
+                      env={"CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
+    assert out.returncode == 1
+    disk = next(line for line in out.stdout.splitlines() if line.split()[1] == "disk")
+    assert disk.startswith("FAIL") and "need 1e+12" in disk

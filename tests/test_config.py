@@ -1,0 +1,76 @@
+"""ConsulConfig reads the CONSUL_HTTP_* variables the way Consul's own tools do."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_elastic.config import ConfigError, ConsulConfig, parse_bool
+
+
+def test_defaults():
+    cfg = ConsulConfig.from_env({})
+    assert (cfg.scheme, cfg.host, cfg.port, cfg.token, cfg.verify) == ("http", "127.0.0.1", 8500, None, True)
+    assert cfg.base_url == "http://127.0.0.1:8500"
+    assert cfg.ssl_context() is None
+
+
+@pytest.mark.parametrize("addr, expected", [
+    ("consul.service:8501", ("http", "consul.service", 8501)),
+    ("https://10.0.0.1:8501", ("https", "10.0.0.1", 8501)),
+    ("http://node1", ("http", "node1", 8500)),
+    ("https://node1", ("https", "node1", 443)),
+    ("node1", ("http", "node1", 8500)),
+    ("[::1]:8500", ("http", "::1", 8500)),
+])
+def test_address_forms(addr, expected):
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": addr})
+    assert (cfg.scheme, cfg.host, cfg.port) == expected
+
+
+def test_ssl_variable_switches_scheme():
+    assert ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "n:8501", "CONSUL_HTTP_SSL": "true"}).scheme == "https"
+    assert ConsulConfig.from_env({"CONSUL_HTTP_SSL": "0"}).scheme == "http"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"CONSUL_HTTP_ADDR": "unix:///tmp/consul.sock"}, "scheme 'unix' is not supported"),
+    ({"CONSUL_HTTP_ADDR": "node:http"}, "port 'http' is not a number"),
+    ({"CONSUL_HTTP_ADDR": "node:70000"}, "port 70000 is out of range"),
+    ({"CONSUL_HTTP_ADDR": ":8500"}, "has no host"),
+    ({"CONSUL_HTTP_SSL": "yes"}, "CONSUL_HTTP_SSL='yes' is not a boolean"),
+    ({"CONSUL_HTTP_SSL_VERIFY": "nope"}, "CONSUL_HTTP_SSL_VERIFY='nope' is not a boolean"),
+    ({"CONSUL_CLIENT_CERT": "/c.pem"}, "must be set together"),
+    ({"CONSUL_HTTP_TOKEN_FILE": "/nonexistent/token"}, "CONSUL_HTTP_TOKEN_FILE='/nonexistent/token' cannot be read"),
+])
+def test_bad_values_are_named(env, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ConsulConfig.from_env(env)
+
+
+def test_token_precedence(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    env = {"CONSUL_HTTP_TOKEN": "from-env", "CONSUL_HTTP_TOKEN_FILE": str(token_file)}
+    assert ConsulConfig.from_env(env).token == "from-env"
+    assert ConsulConfig.from_env({"CONSUL_HTTP_TOKEN_FILE": str(token_file)}).token == "from-file"
+    assert ConsulConfig.from_env(env, token_file=str(token_file)).token == "from-file"
+    assert ConsulConfig.from_env(env, token="explicit", token_file=str(token_file)).token == "explicit"
+
+
+def test_token_is_never_shown():
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_TOKEN": "s3cr3t-token"})
+    assert "s3cr3t" not in repr(cfg) and "s3cr3t" not in str(cfg)
+    assert "token=set" in repr(cfg)
+
+
+def test_verify_settings():
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501", "CONSUL_HTTP_SSL_VERIFY": "false"})
+    assert cfg.requests_verify() is False
+    ctx = cfg.ssl_context()
+    assert ctx is not None and ctx.check_hostname is False
+    assert ConsulConfig.from_env({"CONSUL_CACERT": "/ca.pem"}).requests_verify() == "/ca.pem"
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("T", True), ("True", True), ("0", False), ("F", False)])
+def test_parse_bool_like_go(text, value):
+    assert parse_bool("X", text) is value
