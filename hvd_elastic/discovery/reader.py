@@ -35,6 +35,10 @@ class ConsulError(RuntimeError):
         self.status = status
 
 
+class ConsulTimeout(ConsulError):
+    """The deadline passed before Consul answered."""
+
+
 _CHUNK = 1 << 16
 
 
@@ -101,15 +105,19 @@ def get_json(
     start = time.monotonic()
     window_end = start + max(timeout, retry_window)
     backoff = 0.05
+    last: ConsulError | None = None
     while True:
         deadline = min(time.monotonic() + timeout, window_end)
         try:
             return _attempt(config, url, deadline)
         except ConsulError as exc:
-            if not exc.retryable or time.monotonic() + backoff >= window_end:
-                if exc.retryable:
-                    raise ConsulError(f"{exc} (gave up after {time.monotonic() - start:.1f} s)", retryable=True, status=exc.status) from None
-                raise
+            if isinstance(exc, ConsulTimeout) and last is not None:
+                exc = last  # a retry cut short by the window says less than the failure that caused it
+            last = exc
+            if not exc.retryable:
+                raise exc from None
+            if time.monotonic() + backoff >= window_end:
+                raise ConsulError(f"{exc} (gave up after {time.monotonic() - start:.1f} s)", retryable=True, status=exc.status) from None
         time.sleep(backoff)
         backoff = min(backoff * 2, 0.5)
 
@@ -119,7 +127,7 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
     try:
         status, headers, body = _request(config, url, deadline)
     except TimeoutError:
-        raise ConsulError(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
+        raise ConsulTimeout(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
     except ssl.SSLError as exc:
         # Certificate and handshake problems do not heal by waiting.
         raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}", retryable=False) from None
