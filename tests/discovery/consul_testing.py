@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,3 +133,15 @@ class ScriptedServer:
         self._stop.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        time.sleep(interval)

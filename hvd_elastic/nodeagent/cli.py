@@ -1,0 +1,140 @@
+"""``hvd-elastic node-agent``: register this node in its local Consul agent and keep it honest.
+
+Runs beside the Consul agent on every training node (see
+``scripts/systemd/hvd-elastic-node-agent.service``).  Slots default to the
+GPUs ``nvidia-smi`` shows (limited by CUDA_VISIBLE_DEVICES), else
+``--cpu-slots``.  Exits 0 after deregistering on SIGTERM/SIGINT, 2 on bad
+input; Consul being unreachable is not fatal (it is retried and logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+
+from hvd_elastic import __version__
+from hvd_elastic.discovery.options import (
+    ConfigError,
+    add_consul_arguments,
+    add_service_argument,
+    consul_config,
+    env,
+    env_list,
+    positive_float,
+    positive_int,
+)
+
+log = logging.getLogger("hvd_elastic.nodeagent")
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_META_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+_DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+\Z")
+
+
+def byte_size(text: str) -> int:
+    """``"512M"``, ``"2G"``, ``"1.5T"`` (binary units) or plain bytes."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (expected bytes or a number with K, M, G or T)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def go_duration(text: str) -> str:
+    if not _DURATION.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (expected e.g. 90s, 10m, 1h)")
+    return text
+
+
+def meta_item(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not _META_KEY.match(key) or len(value) > 512:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (key: letters, digits, _ or -; value up to 512 characters)")
+    return key, value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_service_argument(parser)
+    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="service instance ID, unique on this agent (env HVD_ELASTIC_SERVICE_ID; default the service name)")
+    parser.add_argument("--address", default=env("HVD_ELASTIC_ADDRESS"), help="service address (env HVD_ELASTIC_ADDRESS; default empty: Consul uses the node's address)")
+    parser.add_argument("--port", type=positive_int, default=None, help="service port to advertise (optional)")
+    parser.add_argument("--tag", action="append", dest="tags", default=None, help="service tag; repeat for several (env HVD_ELASTIC_TAGS, comma-separated)")
+    parser.add_argument("--meta", action="append", type=meta_item, default=[], metavar="KEY=VALUE", help="extra Service.Meta entry; repeat for several")
+    parser.add_argument("--slots", type=positive_int, default=env("HVD_ELASTIC_SLOTS"), help="slots to advertise (env HVD_ELASTIC_SLOTS; default the GPUs detected, else --cpu-slots)")
+    parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"), help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
+    parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"), help="TTL of the health check in seconds: a node silent this long turns critical (env HVD_ELASTIC_TTL; default %(default)s)")
+    parser.add_argument("--interval", type=positive_float, default=None, help="seconds between probes and TTL updates (default a third of --ttl)")
+    parser.add_argument("--deregister-after", type=go_duration, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"), help="Consul removes the service after it stayed critical this long (min 1m; default %(default)s)")
+    parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY", help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; default gpus,memory,disk)")
+    parser.add_argument("--min-free-memory", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_MEMORY", "1G"), help="memory probe threshold (env HVD_ELASTIC_MIN_FREE_MEMORY; default %(default)s)")
+    parser.add_argument("--min-free-disk", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_DISK", "1G"), help="disk probe threshold on --checkpoint-path (env HVD_ELASTIC_MIN_FREE_DISK; default %(default)s)")
+    parser.add_argument("--checkpoint-path", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."), help="where checkpoints are written; the disk probe watches it (env HVD_ELASTIC_CHECKPOINT_DIR; default the working directory)")
+    add_consul_arguments(parser)
+
+
+def build_agent(args: argparse.Namespace):
+    """The configured NodeAgent; raises ConfigError or ValueError on bad input."""
+    import psutil
+
+    from hvd_elastic.nodeagent.agent import NodeAgent, Registration
+    from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
+
+    config = consul_config(args)
+    gpus = query_gpus()
+    slots = args.slots or gpus.count or args.cpu_slots
+    meta = {
+        "slots": str(slots),
+        "gpu_count": str(gpus.count),
+        "cpu_count": str(os.cpu_count() or 0),
+        "memory_mib": str(psutil.virtual_memory().total // 2**20),
+        "host": socket.gethostname()[:512],
+        "hvd_elastic_version": __version__,
+    }
+    if gpus.count:
+        meta.update(gpu_model=gpus.model[:512], gpu_memory_mib=str(gpus.memory_mib))
+    if "slots" in dict(args.meta):
+        raise ValueError("--meta slots=... is not allowed: use --slots")
+    meta.update(dict(args.meta))
+    settings = ProbeSettings(
+        expected_gpus=gpus.count,
+        min_free_memory=args.min_free_memory,
+        min_free_disk=args.min_free_disk,
+        checkpoint_path=args.checkpoint_path,
+    )
+    specs = args.probes if args.probes is not None else (env_list("HVD_ELASTIC_PROBES") or ["gpus", "memory", "disk"])
+    probes = [load_probe(spec, settings) for spec in specs]
+    registration = Registration(
+        service=args.service,
+        service_id=args.service_id or args.service,
+        meta=meta,
+        ttl=args.ttl,
+        deregister_after=args.deregister_after,
+        address=args.address,
+        port=args.port,
+        tags=tuple(args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")),
+    )
+    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        agent = build_agent(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"node-agent: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("received %s; deregistering and exiting", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.run(stop)
+    return 0

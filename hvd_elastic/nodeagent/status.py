@@ -1,0 +1,51 @@
+"""``hvd-elastic status``: the service's nodes as Consul sees them, and what discovery prints.
+
+Reads ``GET /v1/health/service/:name`` WITHOUT ``?passing`` and applies the
+very rules discovery applies (:func:`hvd_elastic.discovery.hosts.evaluate`,
+same flags), so the last block is exactly what ``hvd-elastic discover`` would
+print right now.  Exit codes: 0 shown, 1 Consul failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hvd_elastic.discovery import cli as discovery_cli
+from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery.options import consul_config
+
+COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    discovery_cli.add_arguments(parser)
+
+
+def render(decisions: Sequence[hostlib.Decision]) -> str:
+    """The table and the discovery output, as text."""
+    rows = [COLUMNS]
+    for d in sorted(decisions, key=lambda d: (d.host, d.service_id)):
+        shown = "listed" if d.accepted else f"dropped: {d.reason}"
+        rows.append((d.host, d.node, d.service_id, "-" if d.slots is None else str(d.slots), d.health, shown))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+    found = hostlib.merge(decisions)
+    lines.append("")
+    lines.append(f"discovery prints ({len(found)} hosts, {sum(s for _, s in found)} slots):")
+    lines.extend(f"  {host}:{slots}" for host, slots in found)
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = consul_config(args)
+        options = discovery_cli.options_from_args(args)
+        entries = discovery_cli.fetch_health(args, config, options, passing=False)
+        decisions = hostlib.evaluate(entries, options)
+    except discovery_cli.FAILURES as exc:
+        return discovery_cli.explain_failure("status", args.service, exc)
+    print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
+    sys.stdout.write(render(decisions))
+    return 0

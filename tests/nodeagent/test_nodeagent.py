@@ -1,0 +1,178 @@
+"""The node agent, drain/undrain and status as processes against the dev Consul cluster."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+
+import pytest
+from consul_testing import HVD_ELASTIC, clean_env, consul_request, free_port, register, run_discovery, wait_until
+
+from hvd_elastic.devagent import DevCluster
+
+pytestmark = pytest.mark.slow
+
+
+def hvd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HVD_ELASTIC), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def service_check(addr: str, check_id: str = "service:horovod") -> dict | None:
+    code, checks = consul_request(addr, "GET", "/v1/agent/checks")
+    return checks.get(check_id) if code == 200 else None
+
+
+def test_registers_reports_and_deregisters_on_sigterm(cluster, node_agents, tmp_path):
+    addr = cluster.addr("localhost")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)
+    agent = node_agents.start(addr, "--slots", "2", "--ttl", "3", "--meta", "rack=r7", "--tag", "cpu")
+    wait_until(lambda: run_discovery(env).stdout == "localhost:2\n", what="discovery to list the node")
+    _, services = consul_request(addr, "GET", "/v1/agent/services")
+    meta = services["horovod"]["Meta"]
+    assert meta["slots"] == "2" and meta["rack"] == "r7" and int(meta["cpu_count"]) >= 1 and meta["gpu_count"] == "0"
+    assert services["horovod"]["Tags"] == ["cpu"]
+    check = service_check(addr)
+    assert check["Status"] == "passing" and "free memory" in check["Output"]
+
+    assert node_agents.terminate(agent) == 0
+    assert consul_request(addr, "GET", "/v1/agent/services")[1] == {}
+    assert run_discovery(env).stdout == ""
+    log = node_agents.log(agent)
+    assert "registered service 'horovod'" in log and "deregistered" in log
+
+
+def test_probe_failure_and_recovery_through_a_plugin(cluster, node_agents, tmp_path):
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    flag = tmp_path / "sick"
+    (plugin_dir / "flagprobe.py").write_text(textwrap.dedent(f"""
+        import os
+        from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, Probe, ProbeResult
+
+        class FlagProbe(Probe):
+            name = "flag"
+            def check(self):
+                if os.path.exists({str(flag)!r}):
+                    return ProbeResult(CRITICAL, "flag file says sick")
+                return ProbeResult(PASSING, "fine")
+
+        def factory(settings):
+            return FlagProbe()
+    """))
+    addr = cluster.addr("localhost")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr, PYTHONPATH=str(plugin_dir))
+    agent = node_agents.start(addr, "--slots", "1", "--ttl", "3", "--interval", "0.3", "--probe", "flagprobe:factory", env=env)
+    wait_until(lambda: run_discovery(env).stdout == "localhost:1\n", what="the node to be listed")
+    flag.touch()
+    wait_until(lambda: (service_check(addr) or {}).get("Status") == "critical", what="the check to turn critical")
+    assert "flag file says sick" in service_check(addr)["Output"]
+    assert run_discovery(env).stdout == ""
+    status = hvd(env, "status")
+    assert status.returncode == 0 and "flag file says sick" in status.stdout and "critical" in status.stdout
+    flag.unlink()
+    wait_until(lambda: run_discovery(env).stdout == "localhost:1\n", what="the node to come back")
+    log = node_agents.log(agent)
+    assert "health passing -> critical" in log and "health critical -> passing" in log
+
+
+def test_disk_probe_threshold_turns_the_node_critical(cluster, node_agents, tmp_path):
+    addr = cluster.addr("localhost")
+    node_agents.start(addr, "--slots", "1", "--probe", "disk", "--min-free-disk", "1000T", "--checkpoint-path", str(tmp_path))
+    check = wait_until(lambda: service_check(addr), what="the service to register")
+    assert check["Status"] == "critical" and "is below 1024000.0 GiB" in check["Output"]
+    assert run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)).stdout == ""
+
+
+def test_ttl_expires_when_the_agent_stops_and_it_reregisters_after_state_loss(cluster, node_agents, tmp_path):
+    addr = cluster.addr("127.0.0.1")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)
+    agent = node_agents.start(addr, "--slots", "1", "--ttl", "2", "--interval", "0.3")
+    wait_until(lambda: run_discovery(env).stdout == "127.0.0.1:1\n", what="the node to be listed")
+
+    # Frozen agent: no TTL updates, the check expires, discovery drops the node.
+    agent.send_signal(signal.SIGSTOP)
+    wait_until(lambda: (service_check(addr) or {}).get("Output", "").startswith("TTL expired"), what="the TTL to expire")
+    assert run_discovery(env).stdout == ""
+    agent.send_signal(signal.SIGCONT)
+    wait_until(lambda: run_discovery(env).stdout == "127.0.0.1:1\n", what="the node to come back")
+
+    # The local Consul agent forgets the service (as after a restart without state).
+    consul_request(addr, "PUT", "/v1/agent/service/deregister/horovod")
+    wait_until(lambda: run_discovery(env).stdout == "127.0.0.1:1\n", what="re-registration")
+    assert "registering again" in node_agents.log(agent)
+
+    # The Consul agent itself dies and returns: logged once each way, then healthy again.
+    cluster.stop_node("127.0.0.1")
+    wait_until(lambda: "cannot reach Consul agent" in node_agents.log(agent), what="the outage to be logged")
+    cluster.start_node("127.0.0.1")
+    wait_until(lambda: run_discovery(env).stdout == "127.0.0.1:1\n", what="recovery after the agent restart")
+    assert node_agents.log(agent).count("cannot reach Consul agent") == 1
+
+
+def test_drain_undrain_and_status(cluster, node_agents, tmp_path):
+    addr = cluster.addr("localhost")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)
+    node_agents.start(addr, "--slots", "2", "--ttl", "3")
+    register(cluster.addr("127.0.0.1"), slots="1")
+    wait_until(lambda: run_discovery(env).stdout == "127.0.0.1:1\nlocalhost:2\n", what="both nodes listed")
+
+    drained = hvd(env, "drain", "--reason", "slurm wants it back")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout == "horovod: in maintenance (slurm wants it back)\n"
+    assert run_discovery(env).stdout == "127.0.0.1:1\n"
+    status = hvd(env, "status")
+    assert status.returncode == 0
+    row = next(line for line in status.stdout.splitlines() if line.startswith("localhost "))
+    assert "maintenance" in row and "slurm wants it back" in row
+    assert status.stdout.endswith("discovery prints (1 hosts, 1 slots):\n  127.0.0.1:1\n")
+    assert hvd(env, "drain").returncode == 0  # idempotent
+
+    undrained = hvd(env, "undrain")
+    assert (undrained.returncode, undrained.stdout) == (0, "horovod: out of maintenance\n")
+    assert run_discovery(env).stdout == "127.0.0.1:1\nlocalhost:2\n"
+
+
+def test_drain_and_status_failures(cluster, tmp_path):
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=cluster.addr("localhost"))
+    missing = hvd(env, "drain")
+    assert missing.returncode == 1 and "no instance of service 'horovod' is registered" in missing.stderr
+    assert hvd(env, "undrain", "--service-id", "nope").returncode == 1
+    dead = clean_env(tmp_path, CONSUL_HTTP_ADDR=f"127.0.0.1:{free_port()}")
+    for command in ("drain", "undrain", "status"):
+        result = hvd(dead, command)
+        assert result.returncode == 1, result
+        assert len(result.stderr.strip().splitlines()) == 1 and "reach" in result.stderr
+    bad = hvd(clean_env(tmp_path, CONSUL_HTTP_ADDR="http://:8500"), "drain")
+    assert bad.returncode == 2 and "CONSUL_HTTP_ADDR" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--probe", "nosuchprobe"], "unknown probe 'nosuchprobe'"),
+        (["--probe", "nosuchmodule:factory"], "cannot load probe"),
+        (["--meta", "bad key=1"], "--meta"),
+        (["--meta", "slots=3"], "--slots"),
+        (["--min-free-disk", "lots"], "--min-free-disk"),
+        (["--deregister-after", "soon"], "--deregister-after"),
+        (["--slots", "0"], "--slots"),
+    ],
+)
+def test_node_agent_bad_input_exits_2(tmp_path, args, needle):
+    result = hvd(clean_env(tmp_path), "node-agent", *args)
+    assert result.returncode == 2 and needle in result.stderr, result
+
+
+def test_explicit_token_wins_over_the_environment(node_agents, tmp_path):
+    with DevCluster(nodes=["localhost"], acl_token="s3cret") as secured:
+        addr = secured.addr("localhost")
+        env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr, CONSUL_HTTP_TOKEN="wrong")
+        agent = node_agents.start(addr, "--slots", "1", "--token", "s3cret", env=env)
+        ok = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr, CONSUL_HTTP_TOKEN="s3cret")
+        wait_until(lambda: run_discovery(ok).stdout == "localhost:1\n", what="registration with the flag's token")
+        assert hvd(env, "drain", "--token", "s3cret").returncode == 0
+        denied = hvd(env, "undrain")
+        assert denied.returncode == 1 and "403" in denied.stderr
+        assert node_agents.terminate(agent) == 0
+        assert "s3cret" not in node_agents.log(agent)
