@@ -11,7 +11,10 @@ Grammar (precedence: ``not`` > ``and`` > ``or``; parentheses group)::
 Selectors are dotted paths (``Service.Meta.slots``, ``Service.Meta["a-b"]``)
 over the JSON shape of one result; values are quoted strings (``"x"`` or
 backquoted) or bare words and numbers.  When a selector passes through a list
-(``Checks.Status``), the expression is true when it holds for any element.
+(``Checks.Status``), a positive match (``==``, ``in``, ``contains``,
+``matches``, ``is empty``) is true when it holds for any element, and its
+negated form (``!=``, ``not in``, ...) is exactly its negation: so
+``Checks.Status != passing`` means "no check is passing".
 An expression that does not parse, or names a selector the endpoint's rows do
 not have, raises :class:`FilterError` (the caller answers 400).
 """

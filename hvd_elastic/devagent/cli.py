@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between DeregisterCriticalServiceAfter reaper runs (Consul: 30)")
     parser.add_argument("--deregister-critical-min", type=float, default=60.0,
                         help="floor of DeregisterCriticalServiceAfter in seconds (Consul: 60)")
+    parser.add_argument("--session-ttl-min", type=float, default=10.0,
+                        help="shortest session TTL accepted, in seconds (Consul: 10)")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = DevCluster(
             nodes=nodes, acl_token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             reap_interval=args.reap_interval, deregister_critical_min=args.deregister_critical_min,
-            http_port=args.http_port, bind=args.bind,
+            http_port=args.http_port, bind=args.bind, session_ttl_min=args.session_ttl_min,
         )
     except ValueError as exc:
         print(f"hvd-elastic consul-dev: error: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from .agent import LocalAgent, ReaperSettings
 from .api.base import ResponseCache
 from .api.dispatch import dispatch
 from .catalog import Catalog
+from .gotypes import SECOND
 from .httpserver import HTTPServer
 from .index import RaftIndex
 from .kv import KVStore
@@ -58,6 +59,7 @@ class ClusterState:
         ssl_context: ssl.SSLContext | None,
         reaper: ReaperSettings,
         datacenter: str = "dc1",
+        session_ttl_min: float = 10.0,
     ) -> None:
         self.datacenter = datacenter
         self.bind = bind
@@ -66,7 +68,7 @@ class ClusterState:
         self.index = RaftIndex()
         self.catalog = Catalog(self.index, datacenter)
         self.kv = KVStore(self.index)
-        self.sessions = Sessions(self.index, self.catalog, self.kv)
+        self.sessions = Sessions(self.index, self.catalog, self.kv, int(session_ttl_min * SECOND))
         self.response_cache = ResponseCache()
         self.agents: dict[str, LocalAgent] = {}
         self.servers: dict[str, HTTPServer] = {}
@@ -123,7 +125,8 @@ class DevCluster:
     a node's agent (its port closes and its ``serfHealth`` turns critical),
     :meth:`start_node` brings it back on the same port.  Usable as a context
     manager.  ``reap_interval`` and ``deregister_critical_min`` shorten
-    Consul's ``DeregisterCriticalServiceAfter`` reaper (30 s / 1 min) for tests.
+    Consul's ``DeregisterCriticalServiceAfter`` reaper (30 s / 1 min) for tests,
+    as ``session_ttl_min`` shortens Consul's ``session_ttl_min`` (10 s).
     """
 
     def __init__(
@@ -137,14 +140,15 @@ class DevCluster:
         http_port: int = 0,
         bind: str = "127.0.0.1",
         datacenter: str = "dc1",
+        session_ttl_min: float = 10.0,
     ) -> None:
         self.nodes = validate_node_names(list(nodes))
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
         if not 0 <= http_port <= 65535 - len(self.nodes) + 1:
             raise ValueError(f"http_port {http_port} is out of range (0 picks free ports)")
-        if reap_interval <= 0 or deregister_critical_min < 0:
-            raise ValueError("reap_interval must be > 0 and deregister_critical_min >= 0")
+        if reap_interval <= 0 or deregister_critical_min < 0 or session_ttl_min <= 0:
+            raise ValueError("reap_interval and session_ttl_min must be > 0, deregister_critical_min >= 0")
         if acl_token is not None and not acl_token:
             raise ValueError("acl_token must not be empty")
         self.tls = tls_cert is not None
@@ -154,7 +158,7 @@ class DevCluster:
             ssl_context.load_cert_chain(tls_cert, tls_key)
         self._state = ClusterState(
             self.nodes, bind, http_port, acl_token, ssl_context,
-            ReaperSettings(reap_interval, deregister_critical_min), datacenter,
+            ReaperSettings(reap_interval, deregister_critical_min), datacenter, session_ttl_min,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

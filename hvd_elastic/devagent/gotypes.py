@@ -39,7 +39,7 @@ def parse_duration(text: str) -> int:
     """
     original = text
     sign = 1
-    if text[:1] in "+-":
+    if text and text[0] in "+-":
         sign = -1 if text[0] == "-" else 1
         text = text[1:]
     if text == "0":

@@ -90,18 +90,21 @@ class KVStore:
     # -- writes -----------------------------------------------------------
 
     def _write(self, key: str, value: bytes, flags: int, session: str | None, lock_index: int | None) -> None:
-        idx = self.index.bump("kvs", f"kv:{key}")
         old = self.entries.get(key)
-        entry = Entry(
+        session = (old.session if old else "") if session is None else session
+        lock_index = (old.lock_index if old else 0) if lock_index is None else lock_index
+        if old is not None and (old.value, old.flags, old.session, old.lock_index) == (value, flags, session, lock_index):
+            return  # Consul skips the write (and the index bump) when nothing changes
+        idx = self.index.bump("kvs", f"kv:{key}")
+        self.entries[key] = Entry(
             key=key,
             value=value,
             flags=flags,
-            session=(old.session if old else "") if session is None else session,
-            lock_index=(old.lock_index if old else 0) if lock_index is None else lock_index,
+            session=session,
+            lock_index=lock_index,
             create_index=old.create_index if old else idx,
             modify_index=idx,
         )
-        self.entries[key] = entry
 
     def put(self, key: str, value: bytes, flags: int, cas: int | None = None) -> bool:
         """A plain or check-and-set write; a held lock stays held."""

@@ -67,8 +67,9 @@ def _lock_delay(raw: object) -> int:
 class Sessions:
     """All sessions; every method runs on the event loop thread."""
 
-    def __init__(self, index: RaftIndex, catalog: Catalog, kv: KVStore) -> None:
+    def __init__(self, index: RaftIndex, catalog: Catalog, kv: KVStore, ttl_min_ns: int = TTL_MIN_NS) -> None:
         self.index = index
+        self.ttl_min_ns = ttl_min_ns
         self.catalog = catalog
         self.kv = kv
         self.sessions: dict[str, Session] = {}
@@ -99,11 +100,11 @@ class Sessions:
                 ttl_ns = parse_duration(ttl)
             except ValueError as exc:
                 raise HTTPError(400, f"Session TTL decode failed: {exc}") from None
-            if ttl_ns != 0 and not TTL_MIN_NS <= ttl_ns <= TTL_MAX_NS:
+            if ttl_ns != 0 and not self.ttl_min_ns <= ttl_ns <= TTL_MAX_NS:
                 raise HTTPError(
                     400,
                     f"Invalid Session TTL '{ttl_ns}', must be between "
-                    f"[{format_duration(TTL_MIN_NS)}={format_duration(TTL_MAX_NS)}]",
+                    f"[{format_duration(self.ttl_min_ns)}={format_duration(TTL_MAX_NS)}]",
                 )
         node = args.get("Node") or default_node
         if node not in self.catalog.nodes:

@@ -20,8 +20,12 @@ def _no_consul_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two nodes with a shortened reaper, shared by one test module (tests use unique service names)."""
-    with DevCluster(nodes=["gpu-a", "gpu-b"], reap_interval=0.5, deregister_critical_min=1.0) as c:
+    """Two nodes with a shortened reaper and session TTL floor, shared by one test module.
+
+    Tests in a module share it, so each uses its own service names and keys.
+    """
+    with DevCluster(nodes=["gpu-a", "gpu-b"], reap_interval=0.5, deregister_critical_min=1.0,
+                    session_ttl_min=1.0) as c:
         yield c
 
 

@@ -119,7 +119,8 @@ def test_session_create_info_renew_destroy(c, raw):
     assert c.session.destroy(sid) is True
     assert c.session.info(sid)[1] is None
     assert raw.request("PUT", f"/v1/session/renew/{sid}")[::2] == (404, f"Session id '{sid}' not found".encode())
-    assert raw.request("PUT", "/v1/session/create", {"TTL": "1s"})[0] == 400
+    status, _, body = raw.request("PUT", "/v1/session/create", {"TTL": "500ms"})
+    assert (status, body) == (400, b"Invalid Session TTL '500000000', must be between [1s=24h0m0s]")
     assert raw.request("PUT", "/v1/session/create", {"Behavior": "explode"})[0] == 400
 
 
@@ -171,6 +172,25 @@ def test_session_destroy_with_delete_behavior_deletes_held_keys(c):
     assert c.kv.get("del-lock/k")[1]["Session"] == sid
     c.session.destroy(sid)
     assert c.kv.get("del-lock/k")[1] is None
+
+
+def test_session_ttl_expiry_after_twice_the_ttl_releases_lock(c, raw):
+    # The fixture lowers session_ttl_min to 1 s (Consul: 10 s) so a TTL session can lapse quickly;
+    # py-consul refuses TTLs below 10 s itself, hence raw HTTP.
+    sid = raw.json("PUT", "/v1/session/create", {"TTL": "1s", "LockDelay": "0s"})[0]["ID"]
+    assert c.kv.put("ttl-lock/k", "v", acquire=sid) is True
+    started = time.monotonic()
+    wait_until(lambda: c.session.info(sid)[1] is None, timeout=10)
+    assert time.monotonic() - started >= 1.5  # Consul expires after 2 x TTL, never at 1 x
+    assert "Session" not in c.kv.get("ttl-lock/k")[1]
+
+
+def test_identical_kv_write_does_not_move_the_index(c):
+    c.kv.put("same/k", "v", flags=1)
+    index, entry = c.kv.get("same/k")
+    assert c.kv.put("same/k", "v", flags=1) is True
+    again, entry2 = c.kv.get("same/k")
+    assert (again, entry2["ModifyIndex"]) == (index, entry["ModifyIndex"])
 
 
 def test_session_on_critical_check_is_refused(cluster, raw):

@@ -10,6 +10,9 @@ from ..decode import CHECK_UPDATE_FIELDS, DecodeError, decode_check, decode_stru
 from ..errors import HTTPError
 from .base import Context, empty_response, json_response, route
 
+CHECK_FIELDS = {"Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID", "ServiceName",
+                "ServiceTags", "Type"}
+
 
 def apply_filter(ctx: Context, rows: dict | list, fields: set[str]):
     """Apply ``?filter=`` (go-bexpr) to a list of rows or the values of a map."""
@@ -81,8 +84,7 @@ async def agent_service(ctx: Context):
 @route("/v1/agent/checks", ("GET",), acl="node:read", anonymous_empty={})
 async def agent_checks(ctx: Context):
     checks = {cid: c.to_json() for cid, c in sorted(ctx.cluster.catalog.checks[ctx.agent.node].items())}
-    return json_response(apply_filter(ctx, checks, {"Node", "CheckID", "Name", "Status", "Notes", "Output",
-                                                    "ServiceID", "ServiceName", "ServiceTags", "Type"}))
+    return json_response(apply_filter(ctx, checks, CHECK_FIELDS))
 
 
 @route("/v1/agent/service/register", ("PUT",), acl="service:write")

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from ..catalog import PASSING, STATUSES
 from ..errors import HTTPError
-from .agent import apply_filter
+from .agent import CHECK_FIELDS, apply_filter
 from .base import Context, blocking, json_response, route
 
 HEALTH_FIELDS = {"Node", "Service", "Checks"}
 NODE_FIELDS = {"ID", "Node", "Address", "Datacenter", "TaggedAddresses", "Meta"}
+CATALOG_SERVICE_FIELDS = {
+    "ID", "Node", "Address", "Datacenter", "TaggedAddresses", "NodeMeta", "ServiceKind", "ServiceID",
+    "ServiceName", "ServiceTags", "ServiceAddress", "ServiceWeights", "ServiceMeta", "ServicePort",
+    "ServiceEnableTagOverride",
+}
 
 
 def _name(ctx: Context, what: str) -> str:
@@ -66,8 +71,7 @@ async def health_service(ctx: Context):
             })
         return apply_filter(ctx, rows, HEALTH_FIELDS)
 
-    if ctx.req.arg("filter"):
-        apply_filter(ctx, [], HEALTH_FIELDS)  # a bad expression is a 400 before any wait
+    apply_filter(ctx, [], HEALTH_FIELDS)  # a bad expression is a 400 before any wait
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render,
                           cacheable=True)
 
@@ -79,8 +83,7 @@ async def health_checks(ctx: Context):
 
     def render():
         rows = [c.to_json() for _, _, checks in catalog.instances(name) for c in checks if c.service_id]
-        return apply_filter(ctx, rows, {"Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID",
-                                        "ServiceName", "ServiceTags", "Type"})
+        return apply_filter(ctx, rows, CHECK_FIELDS)
 
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render)
 
@@ -107,8 +110,7 @@ async def health_state(ctx: Context):
 
     def render():
         rows = [c.to_json() for c in catalog.all_checks() if state == "any" or c.status == state]
-        return apply_filter(ctx, rows, {"Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID",
-                                        "ServiceName", "ServiceTags", "Type"})
+        return apply_filter(ctx, rows, CHECK_FIELDS)
 
     return await blocking(ctx, ("checks",), lambda: index.of("checks"), render)
 
@@ -129,9 +131,7 @@ async def catalog_service(ctx: Context):
     def render():
         rows = [svc.catalog_json(node) for node, svc, _ in catalog.instances(name)
                 if not tags or _tag_match(svc.tags, tags)]
-        if rows:
-            return apply_filter(ctx, rows, set(rows[0]))
-        return rows
+        return apply_filter(ctx, rows, CATALOG_SERVICE_FIELDS)
 
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render,
                           cacheable=True)
