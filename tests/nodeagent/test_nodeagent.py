@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from consul_testing import HVD_ELASTIC, clean_env, consul_request, free_port, register, run_discovery, wait_until
+from consul_testing import HVD_ELASTIC, REPO, clean_env, consul_request, free_port, register, run_discovery, wait_until
 
 from hvd_elastic.devagent import DevCluster
 
@@ -176,3 +176,18 @@ def test_explicit_token_wins_over_the_environment(node_agents, tmp_path):
         assert denied.returncode == 1 and "403" in denied.stderr
         assert node_agents.terminate(agent) == 0
         assert "s3cret" not in node_agents.log(agent)
+
+
+def test_slurm_epilog_drains_and_prolog_undrains(cluster, node_agents, tmp_path):
+    addr = cluster.addr("localhost")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr, HVD_ELASTIC_BIN=str(HVD_ELASTIC), HVD_ELASTIC_NODE_AGENT_UNIT="",
+                    HVD_ELASTIC_DRAIN_GRACE="0", SLURM_JOB_ID="4242")
+    node_agents.start(addr, "--slots", "1")
+    wait_until(lambda: run_discovery(env).stdout == "localhost:1\n", what="the node to be listed")
+    epilog = subprocess.run([str(REPO / "scripts/slurm/epilog.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert epilog.returncode == 0, epilog.stderr
+    assert run_discovery(env).stdout == ""
+    assert "slurm job 4242 ended" in hvd(env, "status").stdout
+    prolog = subprocess.run([str(REPO / "scripts/slurm/prolog.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert prolog.returncode == 0, prolog.stderr
+    assert run_discovery(env).stdout == "localhost:1\n"
