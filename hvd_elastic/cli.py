@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("hvd_elastic.nodeagent.drain", "put this node's service into maintenance (graceful leave)"),
     "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
     "status": ("hvd_elastic.nodeagent.status", "show the service's nodes, slots, health and what discovery prints"),
+    "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
 }
 
 

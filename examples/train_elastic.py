@@ -1,0 +1,114 @@
+"""Elastic PyTorch training with hvd-elastic: the pattern to copy.
+
+Launch it with horovodrun's elastic mode and Consul discovery::
+
+    horovodrun -np 2 --min-np 1 --max-np 4 \\
+        --host-discovery-script discovery/consul_hosts \\
+        python examples/train_elastic.py --workdir /shared/run1
+
+It trains a small regression MLP on a synthetic, deterministic dataset. Hosts
+may join or leave at any time (drain a node with ``hvd-elastic drain``), and a
+killed job restarted with the same ``--workdir`` resumes from its last durable
+checkpoint. Rank 0 appends one ``{"epoch", "step", "size", "loss"}`` line per
+committed step to ``<workdir>/progress.jsonl``; ``<workdir>/events.jsonl`` holds
+the resets, syncs and checkpoint writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import horovod.torch as hvd
+
+import hvd_elastic
+from hvd_elastic import BatchPolicy, ExactlyOnceSampler, TrainingState
+
+
+class SyntheticRegression(Dataset):
+    """``y = x @ w_true + noise``, generated from the index so every rank agrees."""
+
+    def __init__(self, num_samples: int, features: int = 16, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(num_samples, features, generator=generator)
+        w_true = torch.randn(features, 1, generator=generator)
+        self.y = self.x @ w_true + 0.01 * torch.randn(num_samples, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        return self.x[index], self.y[index]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, help="checkpoints, event log and progress log go here")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=2048, help="dataset size")
+    parser.add_argument("--global-batch", type=int, default=32, help="samples per step, kept constant on resize")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="extra seconds per step, to stand in for real compute (demo)")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="commits between durable checkpoints")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hvd.init()
+    torch.manual_seed(0)
+
+    dataset = SyntheticRegression(args.samples)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    sampler = ExactlyOnceSampler(dataset, batch_size=args.global_batch, seed=1)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
+    state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
+                          batch_policy=BatchPolicy.constant_global(args.global_batch), epoch=0, step=0)
+    progress_path = os.path.join(args.workdir, "progress.jsonl")
+
+    @hvd_elastic.run(checkpoint_dir=os.path.join(args.workdir, "checkpoints"),
+                     checkpoint_every_commits=args.checkpoint_every,
+                     event_log=os.path.join(args.workdir, "events.jsonl"))
+    def train(state: TrainingState) -> None:
+        while state.epoch < args.epochs:
+            sampler.set_epoch(state.epoch)
+            for batch in loader:
+                optimizer.zero_grad()
+                if batch is None:  # an idle final step: this rank has no sample left
+                    loss = torch.zeros(())
+                else:
+                    x, y = batch
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                optimizer.step()
+                sampler.record_batch()
+                state.step += 1
+                loss_avg = hvd.allreduce(loss.detach(), name="loss").item()
+                time.sleep(args.step_delay)
+                state.commit()
+                if hvd.rank() == 0:
+                    with open(progress_path, "a") as progress:
+                        progress.write(json.dumps({"epoch": state.epoch, "step": state.step,
+                                                   "size": hvd.size(), "loss": round(loss_avg, 6)}) + "\n")
+            scheduler.step()
+            state.epoch += 1
+            state.commit()
+
+    train(state)
+    if hvd.rank() == 0:
+        print(f"training finished: epoch {state.epoch}, step {state.step}, world size {hvd.size()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
