@@ -5,6 +5,30 @@ It stands in for ``consul agent -dev`` wherever no Consul binary is available
 shared by several named nodes, each with its own agent HTTP port, as every GPU
 node runs its own local Consul agent.  See :class:`DevCluster` and
 ``hvd-elastic consul-dev --help``.
+
+Served: ``/v1/agent/{self,members,services,service/:id,checks}``, service and
+check (de)registration, TTL ``pass/warn/fail/update``, service and node
+maintenance; ``/v1/health/{service,checks,node,state}``;
+``/v1/catalog/{services,service,nodes,datacenters}``; ``/v1/kv``;
+``/v1/session/{create,renew,destroy,info,node,list}``; ``/v1/status/{leader,peers}``.
+Every other path answers 404 like an unknown Consul endpoint.
+
+Known, deliberate differences from Consul (each fails louder, never quieter):
+
+* a JSON body key that names no field is rejected (``json: unknown field``);
+  Consul drops it silently;
+* unsupported features (script/gRPC/alias checks, Connect, namespaces,
+  check thresholds) are refused with a 400 that says so;
+* malformed ``flags``/``cas`` parameters and invalid session settings are 400
+  where Consul answers 500;
+* with ACLs on, a request without a token is the anonymous token with no
+  rights: writes get 403 ``Permission denied``, listings come back empty, and
+  KV reads get 403 (Consul answers a denied recursive KV read with 404);
+* check output changes are written at once (a Consul agent may hold an
+  output-only change back for up to 5 minutes), so a blocking query may return
+  more often; a return is never a promise of change in Consul either;
+* a stopped node keeps its services (as a client agent with a data dir does)
+  and its reaper pauses until it is started again.
 """
 
 from .cluster import DevCluster

@@ -11,6 +11,7 @@ dies) turns ``serfHealth`` critical and freezes its checks; starting it again
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import time
 
@@ -64,6 +65,19 @@ def _validate_meta(meta: dict[str, str]) -> None:
             raise HTTPError(400, f"Invalid Service Meta: {pair}: Key prefix 'consul-' is reserved for internal use")
         if len(value) > 512:
             raise HTTPError(400, f"Invalid Service Meta: {pair}: Value is too long (limit: 512 characters)")
+
+
+def _tagged_addresses(given: dict, address: str, port: int) -> dict:
+    # Consul's addServiceInternal fills lan/wan tagged addresses from an IP Address.
+    out = dict(given)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return out
+    suffix = "ipv4" if ip.version == 4 else "ipv6"
+    for kind in ("lan", "wan"):
+        out.setdefault(f"{kind}_{suffix}", {"Address": address, "Port": port})
+    return out
 
 
 def _definition_json(defn: dict) -> dict:
@@ -156,7 +170,7 @@ class LocalAgent:
             meta=meta,
             weights=weights,
             enable_tag_override=args.get("EnableTagOverride", False),
-            tagged_addresses=args.get("TaggedAddresses", {}),
+            tagged_addresses=_tagged_addresses(args.get("TaggedAddresses", {}), address, port),
         )
         self.catalog.upsert_service(svc)
         kept = set()
@@ -173,20 +187,22 @@ class LocalAgent:
 
     def _add_check(self, check_id: str, defn: dict, svc: Service | None) -> None:
         kind = checks_mod.check_type(defn)
-        interval = defn.get("Interval", 0) if kind != "ttl" else 0
-        timeout = (defn.get("Timeout") or checks_mod.DEFAULT_TIMEOUT_NS) if kind != "ttl" else 0
+        # A re-registered check keeps its current status and output (Consul
+        # restores them from its snapshot of the local checks).
+        previous = self.catalog.checks[self.node].get(check_id)
         check = Check(
             node=self.node,
             check_id=check_id,
             name=defn.get("Name") or (f"Service '{svc.name}' check" if svc else check_id),
-            status=defn.get("Status") or CRITICAL,
+            status=previous.status if previous else defn.get("Status") or CRITICAL,
+            output=previous.output if previous else "",
             notes=defn.get("Notes", ""),
             service_id=svc.id if svc else "",
             service_name=svc.name if svc else "",
             service_tags=list(svc.tags) if svc else [],
             type=kind,
-            interval_ns=max(interval, checks_mod.MIN_INTERVAL_NS) if interval else 0,
-            timeout_ns=timeout,
+            interval_ns=defn.get("Interval", 0),
+            timeout_ns=defn.get("Timeout", 0),
             definition=_definition_json(defn),
         )
         old = self._runners.pop(check_id, None)

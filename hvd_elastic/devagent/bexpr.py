@@ -98,21 +98,19 @@ class _Parser:
             raise self.error(f"unexpected {self.peek()[1]!r}")
         return expr
 
-    def parse_or(self):
-        left = self.parse_and()
-        while self.is_word("or"):
+    def _chain(self, word: str, operand, combine):
+        """``operand (word operand)*``, folded left with ``combine``."""
+        left = operand()
+        while self.is_word(word):
             self.pos += 1
-            right = self.parse_and()
-            left = (lambda a, b: lambda row: a(row) or b(row))(left, right)
+            left = combine(left, operand())
         return left
 
+    def parse_or(self):
+        return self._chain("or", self.parse_and, lambda a, b: lambda row: a(row) or b(row))
+
     def parse_and(self):
-        left = self.parse_not()
-        while self.is_word("and"):
-            self.pos += 1
-            right = self.parse_not()
-            left = (lambda a, b: lambda row: a(row) and b(row))(left, right)
-        return left
+        return self._chain("and", self.parse_not, lambda a, b: lambda row: a(row) and b(row))
 
     def parse_not(self):
         if self.is_word("not"):

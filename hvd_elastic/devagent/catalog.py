@@ -177,6 +177,11 @@ class Check:
         }
 
 
+def _same_check(a: Check, b: Check) -> bool:
+    skip = {"create_index", "modify_index", "critical_since"}
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in dataclasses.fields(Check) if f.name not in skip)
+
+
 class Catalog:
     """All nodes, services and checks, with their indexes and change hooks."""
 
@@ -263,6 +268,8 @@ class Catalog:
 
     def upsert_check(self, check: Check) -> Check:
         current = self.checks[check.node].get(check.check_id)
+        if current is not None and _same_check(current, check):
+            return current  # Consul's anti-entropy sees nothing to sync: no write
         idx = self.index.bump(*self._check_topics(check))
         check.create_index = current.create_index if current is not None else idx
         check.modify_index = idx

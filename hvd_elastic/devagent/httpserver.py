@@ -111,7 +111,7 @@ class HTTPServer:
         try:
             while True:
                 try:
-                    request = await self._read_request(reader, remote)
+                    request = await self._read_request(reader, writer, remote)
                 except _BadRequest as exc:
                     await self._write(writer, text_response(exc.status, exc.reason), close=True)
                     return
@@ -136,7 +136,9 @@ class HTTPServer:
             self._connections.discard(task)
             writer.close()
 
-    async def _read_request(self, reader: asyncio.StreamReader, remote: str) -> Request | None:
+    async def _read_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str
+    ) -> Request | None:
         try:
             line = await reader.readline()
         except (ValueError, asyncio.LimitOverrunError):
@@ -161,6 +163,11 @@ class HTTPServer:
             headers[name.strip().lower()] = value.strip()
         else:
             raise _BadRequest(431, "Request header fields too large")
+        if headers.get("expect", "").lower() == "100-continue":
+            # curl asks before sending a large body; Go's server says go ahead (unless it is too large).
+            length = headers.get("content-length", "0")
+            if not length.isdigit() or int(length) <= self.max_body:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await self._read_body(reader, headers)
         split = urlsplit(target)
         return Request(

@@ -16,9 +16,11 @@ def test_register_camel_case_with_meta_tags_address_port(c, raw):
     })
     assert (status, body) == (200, b"")
     svc = c.agent.services()["camel-1"]
+    tagged = {"Address": "10.0.0.7", "Port": 2222}
     assert svc == {"ID": "camel-1", "Service": "camel", "Tags": ["gpu", "v1"], "Meta": {"slots": "4"},
                    "Port": 2222, "Address": "10.0.0.7", "Weights": {"Passing": 1, "Warning": 1},
-                   "EnableTagOverride": False, "Datacenter": "dc1"}
+                   "EnableTagOverride": False, "Datacenter": "dc1",
+                   "TaggedAddresses": {"lan_ipv4": tagged, "wan_ipv4": tagged}}
     check = c.agent.checks()["service:camel-1"]
     assert check["Status"] == "passing" and check["Type"] == "ttl"
     assert check["Name"] == "Service 'camel' check" and check["ServiceName"] == "camel"
@@ -59,6 +61,18 @@ def test_reregister_keeps_or_replaces_checks(c, raw):
     assert status == 200
     checks = c.agent.checks()
     assert "rep-extra" not in checks and "service:rep" in checks
+
+
+def test_reregister_keeps_check_status_and_does_not_move_the_index(c):
+    c.agent.service.register("keep", service_id="keep", port=5, check=consul.Check.ttl("30s"))
+    c.agent.check.ttl_pass("service:keep", notes="fine")
+    index, _ = c.health.service("keep")
+    c.agent.service.register("keep", service_id="keep", port=5, check=consul.Check.ttl("30s"))
+    check = c.agent.checks()["service:keep"]
+    assert (check["Status"], check["Output"]) == ("passing", "fine")  # as Consul restores them
+    assert c.health.service("keep")[0] == index  # identical registration: nothing written
+    c.agent.service.register("keep", service_id="keep", port=6, check=consul.Check.ttl("30s"))
+    assert int(c.health.service("keep")[0]) > int(index)
 
 
 def test_deregister_removes_service_and_checks_unknown_is_ok(c, raw):
@@ -121,15 +135,20 @@ def test_service_maintenance_on_off_and_errors(c, raw):
         404, b'No service registered with ID "nope"')
 
 
-def test_node_maintenance_default_reason(c, raw):
+def test_node_maintenance_drops_all_node_services_from_passing(c, raw):
+    c.agent.service.register("nm", service_id="nm", check=consul.Check.ttl("30s"))
+    c.agent.check.ttl_pass("service:nm")
+    assert len(c.health.service("nm", passing=True)[1]) == 1
     status, _, _ = raw.request("PUT", "/v1/agent/maintenance?enable=1")
     assert status == 200
     try:
         check = c.agent.checks()["_node_maintenance"]
         assert check["Status"] == "critical" and check["Notes"].startswith("Maintenance mode is enabled for this node")
+        assert c.health.service("nm", passing=True)[1] == []
     finally:
         c.agent.maintenance("false")
     assert "_node_maintenance" not in c.agent.checks()
+    assert len(c.health.service("nm", passing=True)[1]) == 1
 
 
 def test_agent_self_and_members(c, cluster):

@@ -93,3 +93,20 @@ def test_ten_thousand_registrations(cluster):
     assert all(e["Service"]["Meta"]["i"] == str(e["Service"]["Port"]) for e in entries)
     services, _ = raw.json("GET", "/v1/catalog/services")
     assert "bulk" in services
+
+
+def test_expect_100_continue_like_curl(cluster, raw):
+    host, port = cluster.addr("gpu-a").rsplit(":", 1)
+    body = b"v" * 2048
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"PUT /v1/kv/expect HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: 2048\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(body)
+        reply = b""
+        while not reply.endswith(b"true"):
+            chunk = sock.recv(1000)
+            assert chunk, reply
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert raw.request("GET", "/v1/kv/expect?raw")[2] == body
