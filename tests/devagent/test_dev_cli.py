@@ -116,3 +116,28 @@ def test_help_documents_node_control():
     assert result.returncode == 0
     for text in ("--nodes", "--http-port", "--ready-file", "/_dev/node/<name>/stop", "SIGTERM"):
         assert text in result.stdout
+
+
+def test_tokens_never_reach_the_logs(tmp_path):
+    token = "tok-7f3a9c-never-logged"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([*CLI, "--log-level", "DEBUG", "consul-dev", "--http-port", "0", "--acl-token-file",
+                             str(token_file), "--ready-file", str(ready)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=30)
+        raw = Raw(json.loads(ready.read_text())["localhost"])
+        assert raw.request("PUT", f"/v1/kv/a?token={token}", b"x")[0] == 200
+        assert raw.request("GET", "/v1/kv/a", headers={"X-Consul-Token": token})[0] == 200
+        assert raw.request("GET", "/v1/kv/a", headers={"Authorization": f"Bearer {token}"})[0] == 200
+        assert raw.request("GET", "/v1/kv/a", headers={"X-Consul-Token": token + "-wrong"})[0] == 403
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "GET /v1/kv/a -> 403" in stderr  # requests are logged at DEBUG...
+    assert token not in stderr  # ...without their tokens

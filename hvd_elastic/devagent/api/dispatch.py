@@ -65,6 +65,13 @@ def _anonymous_denied(permission: str) -> HTTPError:
 
 
 async def dispatch(cluster: "ClusterState", local: "LocalAgent", req: Request) -> Response:
+    response = await _dispatch(cluster, local, req)
+    # The path only: a token may travel in the query string and never reaches a log.
+    log.debug("%s %s %s -> %d", local.node, req.method, req.path, response.status)
+    return response
+
+
+async def _dispatch(cluster: "ClusterState", local: "LocalAgent", req: Request) -> Response:
     found = match(req.path)
     if found is None:
         return Response(404, b"", {})
@@ -88,7 +95,6 @@ async def dispatch(cluster: "ClusterState", local: "LocalAgent", req: Request) -
                 raise HTTPError(403, "ACL not found")
         return await found.handler(ctx)
     except HTTPError as exc:
-        log.debug("%s %s -> %d %s", req.method, req.path, exc.status, exc.reason)
         response = text_response(exc.status, exc.reason)
         response.headers.update(exc.headers)
         return response
