@@ -25,7 +25,6 @@ leader yet (see :mod:`hvd_elastic.discovery.firstcall`).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
@@ -44,9 +43,6 @@ from hvd_elastic.discovery.options import (
     positive_int,
 )
 from hvd_elastic.discovery.reader import ConsulError, anonymous_is_denied, get_json
-
-log = logging.getLogger("hvd_elastic.discovery")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_service_argument(parser)
@@ -116,6 +112,17 @@ def discover(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[host
     return hostlib.merge(decisions), decisions
 
 
+def warn_dropped(decisions: list[hostlib.Decision]) -> None:
+    """Log one warning per instance dropped for invalid data (host name or slots)."""
+    dropped = [d for d in decisions if d.warn]
+    if dropped:
+        import logging  # only when needed: this path runs every second under horovodrun
+
+        log = logging.getLogger("hvd_elastic.discovery")
+        for d in dropped:
+            log.warning("discover: dropping instance %r on node %r: %s", d.service_id, d.node, d.reason)
+
+
 FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
 
 
@@ -133,9 +140,7 @@ def run(args: argparse.Namespace) -> int:
         found, decisions = discover(args)
     except FAILURES as exc:
         return explain_failure("discover", args.service, exc)
-    for d in decisions:
-        if d.warn:
-            log.warning("discover: dropping instance %r on node %r: %s", d.service_id, d.node, d.reason)
+    warn_dropped(decisions)
     # One write of the complete list: a reader never sees a partial one.
     sys.stdout.write(hostlib.format_hosts(found))
     sys.stdout.flush()

@@ -1,0 +1,115 @@
+"""End to end: real elastic horovodrun whose membership changes ONLY through Consul.
+
+Two local hosts (``localhost`` and ``127.0.0.1``) are two dev-Consul nodes.
+horovodrun discovers hosts with ``discovery/consul_hosts``; the test never
+touches a host file, it only starts and freezes node agents and drains and
+undrains a node.  Workers (``worker_sizes.py``) log the world size at every
+step; the test asserts the sequence of sizes and that the surviving worker
+never rolled back.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from consul_testing import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, clean_env
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).parent / "worker_sizes.py"
+
+
+class Sizes:
+    """Reads what the workers logged."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for path in glob.glob(str(self.directory / "sizes.*.jsonl")):
+            with open(path) as f:
+                rows.extend(json.loads(line) for line in f if line.endswith("\n"))
+        return sorted(rows, key=lambda r: r["time"])
+
+    def sequence(self) -> list[int]:
+        """World sizes rank 0 trained at, in order, repeats collapsed."""
+        seq: list[int] = []
+        for row in self.rows():
+            if row["event"] == "step" and row["rank"] == 0 and (not seq or seq[-1] != row["size"]):
+                seq.append(row["size"])
+        return seq
+
+    def wait_for(self, size: int, job: subprocess.Popen, timeout: float = 90.0) -> None:
+        """Wait until rank 0 trains at ``size``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seq = self.sequence()
+            if seq and seq[-1] == size:
+                return
+            assert job.poll() is None, f"horovodrun exited early with {job.returncode}"
+            time.sleep(0.2)
+        raise AssertionError(f"world size never reached {size}; saw {self.sequence()}")
+
+
+def test_membership_follows_consul(cluster, node_agents, tmp_path):
+    local, other = cluster.addr("localhost"), cluster.addr("127.0.0.1")
+    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=local)
+    agent_args = ("--slots", "1", "--ttl", "2", "--interval", "0.3")
+    node_agents.start(local, *agent_args, name="localhost")
+
+    job_env = dict(env, SIZES_DIR=str(tmp_path), HOROVOD_GLOO_TIMEOUT_SECONDS="20", HOROVOD_ELASTIC_TIMEOUT="90")
+    log = open(tmp_path / "horovodrun.log", "w")
+    job = subprocess.Popen(
+        [str(VENV_BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+         "--host-discovery-script", f"{CONSUL_HOSTS} --http-addr {local}",
+         sys.executable, str(WORKER)],
+        env=job_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    sizes = Sizes(tmp_path)
+
+    def hvd(*args: str) -> None:
+        result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+
+    try:
+        # horovodrun waits for a second host (it needs two to pick a network
+        # interface) until the node agent of 127.0.0.1 starts.
+        other_agent = node_agents.start(other, *agent_args, name="127.0.0.1")
+        sizes.wait_for(2, job)
+        hvd("drain", "--reason", "e2e")
+        sizes.wait_for(1, job)  # drained: graceful shrink
+        hvd("undrain")
+        sizes.wait_for(2, job)  # undrained: grows again
+        other_agent.send_signal(signal.SIGSTOP)  # the node goes silent: its TTL check fails
+        sizes.wait_for(1, job)
+        other_agent.send_signal(signal.SIGKILL)
+        other_agent.wait()
+        node_agents.start(other, *agent_args, name="127.0.0.1-again")  # a node agent starts: grow
+        sizes.wait_for(2, job)
+        (tmp_path / "stop").touch()
+        assert job.wait(timeout=120) == 0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        log.close()
+
+    horovod_log = (tmp_path / "horovodrun.log").read_text()[-4000:]
+    assert sizes.sequence() == [2, 1, 2, 1, 2], horovod_log
+    rows = sizes.rows()
+    survivor = next(r["pid"] for r in rows if r["host"] == "localhost")  # lives through every change
+    assert {r["rank"] for r in rows if r["pid"] == survivor} == {0}
+    survivor_steps = [r["step"] for r in rows if r["pid"] == survivor and r["event"] == "step"]
+    assert survivor_steps == sorted(survivor_steps), "the survivor's step counter went backwards (rollback)"
+    assert not [r for r in rows if r["pid"] == survivor and r["event"] == "restore"], "a graceful change rolled back"
+    # Each world of two had both ranks stepping, on both hosts.
+    assert {(r["host"], r["rank"]) for r in rows if r["event"] == "step" and r["size"] == 2} == {("localhost", 0), ("127.0.0.1", 1)}
