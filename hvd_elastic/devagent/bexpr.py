@@ -83,6 +83,17 @@ class _Parser:
         tok = self.peek(offset)
         return tok is not None and tok[0] == "word" and tok[1] == word
 
+    def optional(self, word: str) -> bool:
+        """Consume ``word`` if it comes next; say whether it did."""
+        if self.is_word(word):
+            self.pos += 1
+            return True
+        return False
+
+    def expect(self, word: str) -> None:
+        if not self.optional(word):
+            raise self.error(f"expected {word!r}")
+
     def take(self) -> tuple[str, str]:
         tok = self.peek()
         if tok is None:
@@ -149,14 +160,11 @@ class _Parser:
         if tok is None:
             raise self.error("unexpected end of expression")
         # <Value> [not] in <Selector>
-        if tok[0] == "string" or (tok[0] == "word" and (self.is_word("in", 1) or (self.is_word("not", 1) and self.is_word("in", 2)))):
+        value_first = self.is_word("in", 1) or (self.is_word("not", 1) and self.is_word("in", 2))
+        if tok[0] == "string" or (tok[0] == "word" and value_first):
             value = self.value()
-            negate = self.is_word("not")
-            if negate:
-                self.pos += 1
-            if not self.is_word("in"):
-                raise self.error("expected 'in'")
-            self.pos += 1
+            negate = self.optional("not")
+            self.expect("in")
             path = self.selector()
             return _match(path, lambda v: _contains(v, value), negate)
         path = self.selector()
@@ -166,12 +174,8 @@ class _Parser:
             return _match(path, lambda v: _equal(v, value), text == "!=")
         negate = False
         if text == "is":
-            negate = self.is_word("not")
-            if negate:
-                self.pos += 1
-            if not self.is_word("empty"):
-                raise self.error("expected 'empty'")
-            self.pos += 1
+            negate = self.optional("not")
+            self.expect("empty")
             return _match(path, _empty, negate, missing_is=True)
         if text == "not":
             negate = True

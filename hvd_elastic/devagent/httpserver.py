@@ -103,11 +103,12 @@ class HTTPServer:
         if others:
             await asyncio.gather(*others, return_exceptions=True)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        reader = _Input(stream)
         try:
             while True:
                 try:
@@ -117,13 +118,12 @@ class HTTPServer:
                     return
                 if request is None:
                     return
-                try:
-                    response = await self.handler(request)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # a bug must cost one request, never the server
-                    log.exception("internal error serving %s %s", request.method, request.path)
-                    response = text_response(500, "Internal Server Error")
+                if request.has("index"):
+                    response = await self._watch_for_hangup(request, reader)
+                    if response is None:
+                        return  # the client left while its blocking query was parked
+                else:
+                    response = await self._handle(request)
                 close = request.headers.get("connection", "").lower() == "close" or self._closing is task
                 await self._write(writer, response, close=close, head=request.method == "HEAD")
                 if close:
@@ -136,8 +136,41 @@ class HTTPServer:
             self._connections.discard(task)
             writer.close()
 
+    async def _handle(self, request: Request) -> Response:
+        try:
+            return await self.handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must cost one request, never the server
+            log.exception("internal error serving %s %s", request.method, request.path)
+            return text_response(500, "Internal Server Error")
+
+    async def _watch_for_hangup(self, request: Request, reader: "_Input") -> Response | None:
+        """Run a (possibly long) blocking query, abandoning it if the client disconnects.
+
+        Without this a client that gives up on a parked query (a discovery
+        script bounding its own time) would leave it, and its socket, parked
+        until the wait ran out.
+        """
+        handler = asyncio.ensure_future(self._handle(request))
+        probe = asyncio.ensure_future(reader.stream.read(1))
+        done, _ = await asyncio.wait({handler, probe}, return_when=asyncio.FIRST_COMPLETED)
+        if probe in done:
+            data = probe.result()
+            if not data:
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+                return None
+            reader.pending += data  # the start of a pipelined request
+            return await handler
+        probe.cancel()
+        await asyncio.gather(probe, return_exceptions=True)
+        if probe.done() and not probe.cancelled() and probe.exception() is None:
+            reader.pending += probe.result()
+        return handler.result()
+
     async def _read_request(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str
+        self, reader: "_Input", writer: asyncio.StreamWriter, remote: str
     ) -> Request | None:
         try:
             line = await reader.readline()
@@ -180,7 +213,7 @@ class HTTPServer:
             remote=remote,
         )
 
-    async def _read_body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    async def _read_body(self, reader: "_Input", headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
             chunks = []
             total = 0
@@ -222,6 +255,30 @@ class HTTPServer:
         if not head:
             writer.write(response.body)
         await writer.drain()
+
+
+class _Input:
+    """A StreamReader with room to put back bytes read while watching for a hang-up."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+        self.pending = b""
+
+    async def readline(self) -> bytes:
+        if self.pending:
+            head, sep, rest = self.pending.partition(b"\n")
+            if sep:
+                self.pending = rest
+                return head + sep
+            self.pending = b""
+            return head + await self.stream.readline()
+        return await self.stream.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        head, self.pending = self.pending[:n], self.pending[n:]
+        if len(head) < n:
+            head += await self.stream.readexactly(n - len(head))
+        return head
 
 
 def text_response(status: int, reason: str) -> Response:

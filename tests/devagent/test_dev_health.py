@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.parse
@@ -204,3 +205,35 @@ def test_many_watchers_park_without_threads(cluster):
         t.join(timeout=10)
     assert len(results) == 50 and all(r[0] == 200 for r in results)
     assert all(int(r[1]["x-consul-index"]) > int(index) for r in results)
+
+
+def test_abandoned_blocking_query_is_dropped(cluster):
+    a = client(cluster)
+    _register(a, "hang-1", name="hangup")
+    index, _ = a.health.service("hangup")
+    host, port = cluster.addr("gpu-a").rsplit(":", 1)
+    baseline = cluster.watcher_count()
+    socks = []
+    for _ in range(5):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(f"GET /v1/health/service/hangup?index={index}&wait=5m HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        socks.append(sock)
+    wait_until(lambda: cluster.watcher_count() >= baseline + 5)
+    for sock in socks:
+        sock.close()  # the client gives up, as a time-bounded discovery script does
+    wait_until(lambda: cluster.watcher_count() == baseline, timeout=5)
+
+
+def test_pipelined_request_behind_a_blocking_query(cluster):
+    a = client(cluster)
+    _register(a, "pipe-1", name="piped")
+    index, _ = a.health.service("piped")
+    host, port = cluster.addr("gpu-a").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET /v1/health/service/piped?index={index}&wait=1s HTTP/1.1\r\nHost: x\r\n\r\n"
+                     "GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        reply = b""
+        while reply.count(b"HTTP/1.1 200 OK") < 2 or not reply.endswith(b'"127.0.0.1:8300"'):
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
