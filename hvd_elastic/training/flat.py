@@ -120,11 +120,11 @@ class FlatBuffer:
 
     def copy_from(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy live tensors (in layout order) into the buffer."""
-        _copy_all(self.views, tensors)
+        copy_tensors(self.views, tensors)
 
     def copy_indices(self, indices: Sequence[int], tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors[i]`` into ``views[i]`` for ``i`` in ``indices`` (one bucket's worth)."""
-        _copy_all([self.views[i] for i in indices], [tensors[i] for i in indices])
+        copy_tensors([self.views[i] for i in indices], [tensors[i] for i in indices])
 
     def buckets(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list["Bucket"]:
         """Split each dtype's buffer at tensor boundaries into buckets of about ``bucket_bytes``.
@@ -205,7 +205,7 @@ def broadcast_buffer(
     return sum(b.data.numel() * b.data.element_size() for b in buckets)
 
 
-def _copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
     """``dst.copy_(src)`` for every pair, batched, and finished before returning.
 
     Same-device pairs go through ``torch._foreach_copy_`` (one dispatch for the

@@ -45,7 +45,7 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 
 from hvd_elastic.training.batching import BatchPolicy
-from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer
+from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer, copy_tensors
 from hvd_elastic.training.rng import RNGState
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,6 @@ class TrainingState(State):
         self._components: dict[str, _Component] = {}
         self._buffer: FlatBuffer | None = None
         self._meta: dict[str, Any] = {}
-        self._sync_count = 0
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
         self._policy = {"lr_factor": 1.0, "base_world_size": _world()[1]}
@@ -192,7 +191,8 @@ class TrainingState(State):
         start = time.perf_counter()
         with self.snapshot_lock:
             buffer, meta = self._buffer, self._meta
-        self._load(buffer.as_dict(), meta)
+            done = self._unpack(buffer, meta, range(len(buffer.views)))
+        self._load(buffer.as_dict(), meta, done=done)
         self._emit("restore", seconds=time.perf_counter() - start, bytes=buffer.layout.nbytes)
 
     def sync(self) -> None:
@@ -203,7 +203,6 @@ class TrainingState(State):
         """
         start = time.perf_counter()
         rank = hvd.rank()
-        self._sync_count += 1
         if rank == 0:
             named, meta = self._capture()
             with self.snapshot_lock:
@@ -215,18 +214,25 @@ class TrainingState(State):
                 buffer.copy_indices(indices, live)
 
             with self.snapshot_lock:
-                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name=f"hvd_elastic.sync.{self._sync_count}",
+                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
                                           fill=fill, bucket_bytes=self.bucket_bytes)
                 self._meta = meta
         else:
             header = self._bcast_object(None, name="hvd_elastic.sync.header")
             layout = FlatLayout.parse(header["layout"])
+            meta = header["meta"]
+            done: set[str] = set()
             with self.snapshot_lock:
                 buffer = self._buffer_for(layout)
-                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name=f"hvd_elastic.sync.{self._sync_count}",
-                                          bucket_bytes=self.bucket_bytes)
-                self._meta = header["meta"]
-            self._load(buffer.as_dict(), self._meta)
+
+                def unpack(indices: list[int]) -> None:
+                    # Straight into the live tensors while the next bucket is on the wire.
+                    done.update(self._unpack(buffer, meta, indices))
+
+                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
+                                          unpack=unpack, bucket_bytes=self.bucket_bytes)
+                self._meta = meta
+            self._load(buffer.as_dict(), meta, done=done)
         self._apply_world()
         self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes)
 
@@ -340,7 +346,31 @@ class TrainingState(State):
             self._meta = meta
         return time.perf_counter() - start, buffer.layout.nbytes
 
-    def _load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], strict: bool = True) -> None:
+    def _unpack(self, buffer: FlatBuffer, meta: dict[str, Any], indices: Sequence[int]) -> set[str]:
+        """Copy committed tensors ``indices`` into live tensors that can take them in place.
+
+        Returns the keys copied; :meth:`_load` skips those and creates the rest
+        (optimizer state a rank does not have yet).
+        """
+        targets: dict[str, torch.Tensor] = {}
+        for name, component in self._components.items():
+            if name in meta["components"]:
+                for key, tensor in component.targets(meta["components"][name]).items():
+                    targets[f"{name}/{key}"] = tensor
+        keys, dsts, srcs = [], [], []
+        for i in indices:
+            spec, view = buffer.layout.specs[i], buffer.views[i]
+            target = targets.get(spec.key)
+            if target is not None and target.shape == view.shape and target.dtype == view.dtype:
+                keys.append(spec.key)
+                dsts.append(target)
+                srcs.append(view)
+        copy_tensors(dsts, srcs)
+        return set(keys)
+
+    def _load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], strict: bool = True,
+              done: set[str] = frozenset()) -> None:
+        """Load committed tensors and small state into the live objects; ``done`` keys are already in place."""
         by_component: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._components}
         for key, tensor in tensors.items():
             name, _, sub = key.partition("/")
@@ -356,7 +386,9 @@ class TrainingState(State):
             log.warning("snapshot has no state for %s; keeping their live state", ", ".join(sorted(missing)))
         for name, component in self._components.items():
             if name in component_meta:
-                component.load(by_component[name], component_meta[name])
+                prefix = name + "/"
+                component.load(by_component[name], component_meta[name],
+                               frozenset(k[len(prefix):] for k in done if k.startswith(prefix)))
         self._values.clear()
         self._values.update(_tree_copy(meta["values"]))
         self._policy = dict(meta["policy"])
@@ -370,8 +402,10 @@ class _Component:
 
     ``tensors()`` lists the live tensors that go into the flat buffer (large,
     copied with ``copy_``); ``meta()`` returns a detached copy of everything
-    else (small); ``load()`` puts both back into the live object, in place
-    where the live tensors fit.
+    else (small).  Going back, ``targets(meta)`` names the live tensors a
+    committed tensor may be copied into in place (done in batches, and per
+    bucket during a sync), and ``load()`` restores the rest: the small state
+    and any tensor not in ``done``.
     """
 
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -380,7 +414,10 @@ class _Component:
     def meta(self) -> Any:
         raise NotImplementedError
 
-    def load(self, tensors: dict[str, torch.Tensor], meta: Any) -> None:
+    def targets(self, meta: Any) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load(self, tensors: dict[str, torch.Tensor], meta: Any, done: frozenset[str] = frozenset()) -> None:
         raise NotImplementedError
 
 
@@ -398,9 +435,21 @@ class _ModuleComponent(_Component):
         # Only non-tensor extra state (rare) lives here.
         return {k: _tree_copy(v) for k, v in self.module.state_dict().items() if not isinstance(v, torch.Tensor)}
 
-    def load(self, tensors, meta):
-        # load_state_dict copies into the existing parameters in place.
-        self.module.load_state_dict({**tensors, **_tree_copy(meta)}, strict=True)
+    def targets(self, meta):
+        # state_dict() tensors alias the parameters and buffers.
+        return dict(self.tensors())
+
+    def load(self, tensors, meta, done=frozenset()):
+        live = {k for k, _ in self.tensors()}
+        if set(tensors) != live:
+            raise ValueError(
+                f"model layout differs from the committed one: missing {sorted(set(tensors) - live)[:5]}, "
+                f"unexpected {sorted(live - set(tensors))[:5]}"
+            )
+        rest = {k: v for k, v in tensors.items() if k not in done}
+        if rest or meta:
+            # load_state_dict copies into the existing parameters in place.
+            self.module.load_state_dict({**rest, **_tree_copy(meta)}, strict=not done)
 
 
 class _OptimizerComponent(_Component):
@@ -445,7 +494,17 @@ class _OptimizerComponent(_Component):
         sizes = [len(g["params"]) for g in self.optimizer.param_groups]
         return {"param_groups": groups, "group_sizes": sizes, "scalars": scalars, "placement": placement}
 
-    def load(self, tensors, meta):
+    def targets(self, meta):
+        found = {}
+        state = self.optimizer.state
+        for i, p in enumerate(self._params()):
+            for name, value in (state.get(p) or {}).items():
+                key = f"{i}.{name}"
+                if isinstance(value, torch.Tensor) and value.device == _placement(meta, key, p):
+                    found[key] = value
+        return found
+
+    def load(self, tensors, meta, done=frozenset()):
         sizes = [len(g["params"]) for g in self.optimizer.param_groups]
         if sizes != list(meta["group_sizes"]):
             raise ValueError(
@@ -467,9 +526,11 @@ class _OptimizerComponent(_Component):
                 live = state.get(p) or {}
                 entry: dict[str, Any] = {}
                 for name, saved in want.items():
-                    device = p.device if meta["placement"].get(f"{i}.{name}") == "param" else torch.device("cpu")
+                    device = _placement(meta, f"{i}.{name}", p)
                     current = live.get(name)
-                    if (isinstance(current, torch.Tensor) and current.shape == saved.shape
+                    if f"{i}.{name}" in done:
+                        entry[name] = current  # already copied in place
+                    elif (isinstance(current, torch.Tensor) and current.shape == saved.shape
                             and current.dtype == saved.dtype and current.device == device):
                         current.copy_(saved)
                         entry[name] = current
@@ -481,6 +542,11 @@ class _OptimizerComponent(_Component):
                 state[p] = entry
         for group, saved in zip(self.optimizer.param_groups, meta["param_groups"]):
             group.update(_tree_copy(saved))
+        _forget_pending_allreduces(self.optimizer)
+
+
+def _placement(meta: dict[str, Any], key: str, param: torch.Tensor) -> torch.device:
+    return param.device if meta["placement"].get(key) == "param" else torch.device("cpu")
 
 
 class _StatefulComponent(_Component):
@@ -492,7 +558,7 @@ class _StatefulComponent(_Component):
     def meta(self):
         return _tree_copy(self.obj.state_dict())
 
-    def load(self, tensors, meta):
+    def load(self, tensors, meta, done=frozenset()):
         if not meta and getattr(self.obj, "is_enabled", None) is not None and not self.obj.is_enabled():
             return  # a disabled GradScaler has an empty state and refuses to load it
         # A fresh copy: load_state_dict implementations often keep references.
@@ -529,6 +595,22 @@ def _tree_copy(value: Any) -> Any:
     if isinstance(value, tuple) and type(value) is tuple:
         return tuple(_tree_copy(v) for v in value)
     return copy.deepcopy(value)
+
+
+def _forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
+    """Drop a Horovod ``DistributedOptimizer``'s in-flight gradient allreduces.
+
+    After a collective failed mid-step its handles are stale, and its
+    ``zero_grad`` refuses to run while any exist.  Horovod resets them in its
+    ``load_state_dict``; loading in place skips that method, so do the same here.
+    """
+    if not hasattr(optimizer, "_handles") or not hasattr(optimizer, "_allreduce_delay"):
+        return
+    optimizer._handles = {}
+    optimizer._synchronized = False
+    optimizer._should_synchronize = True
+    for p in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
 
 
 def _has_extra_state(module: torch.nn.Module) -> bool:
