@@ -173,6 +173,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
 async def measure(args, addresses: dict[str, str], proc: psutil.Process) -> dict:
     first = next(iter(addresses.values()))
     placed = await register(addresses, args.instances)
+    await read_rate(first, args.readers, 1.0)  # warm-up: connections, allocator, response cache
     cpu0, wall0 = cpu_seconds(proc), time.monotonic()
     baseline, entries, size = await read_rate(first, args.readers, args.seconds)
     # Reads the agent could serve per second of its own CPU: the figure that does not
