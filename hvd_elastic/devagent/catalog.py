@@ -43,12 +43,13 @@ class Node:
 
     def to_json(self) -> dict:
         addr = self.address
+        family = "ipv6" if ":" in addr else "ipv4"
         return {
             "ID": self.id,
             "Node": self.name,
             "Address": addr,
             "Datacenter": self.datacenter,
-            "TaggedAddresses": {"lan": addr, "lan_ipv4": addr, "wan": addr, "wan_ipv4": addr},
+            "TaggedAddresses": {"lan": addr, f"lan_{family}": addr, "wan": addr, f"wan_{family}": addr},
             "Meta": {"consul-network-segment": ""},
             "CreateIndex": self.create_index,
             "ModifyIndex": self.modify_index,

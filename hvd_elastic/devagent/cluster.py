@@ -47,6 +47,11 @@ def validate_node_names(nodes: list[str]) -> list[str]:
     return list(nodes)
 
 
+def _advertise(bind: str) -> str:
+    """The address clients (and the catalog) should use for a listener on ``bind``."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind, bind)
+
+
 class ClusterState:
     """The shared catalog, KV, sessions and every node's agent and HTTP server."""
 
@@ -73,14 +78,15 @@ class ClusterState:
         self.agents: dict[str, LocalAgent] = {}
         self.servers: dict[str, HTTPServer] = {}
         for i, name in enumerate(nodes):
-            agent = LocalAgent(name, bind, self.catalog, reaper)
+            agent = LocalAgent(name, _advertise(bind), self.catalog, reaper)
             self.agents[name] = agent
             port = http_port + i if http_port else 0
             self.servers[name] = HTTPServer(functools.partial(dispatch, self, agent), bind, port, ssl_context)
         self._reaper_task: asyncio.Task | None = None
 
     def node_address(self, name: str) -> str:
-        return f"{self.bind}:{self.servers[name].port}"
+        host = _advertise(self.bind)
+        return f"[{host}]:{self.servers[name].port}" if ":" in host else f"{host}:{self.servers[name].port}"
 
     async def start(self) -> None:
         for name in self.agents:
@@ -247,6 +253,7 @@ class DevCluster:
 
     def _wait_for_leader(self, node: str, deadline: float) -> None:
         host, port = self.addr(node).rsplit(":", 1)
+        host = host.strip("[]")
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             try:
