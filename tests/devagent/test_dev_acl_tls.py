@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import urllib.request
 
 import consul
 import pytest
 import requests
 from devagent_helpers import Raw, client
 
+from hvd_elastic.config import ConsulConfig
 from hvd_elastic.devagent import DevCluster
 
 TOKEN = "5e2b1c1e-0d9f-4c43-9c1e-acl-test-token"
@@ -86,3 +89,19 @@ def test_https_with_ca_verification(tls_files):
             requests.get(f"https://{host}:{port}/v1/status/leader", timeout=5)  # default CA store rejects it
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(f"http://{host}:{port}/v1/status/leader", timeout=5)  # plain HTTP is not served
+
+
+def test_consul_env_tls_and_token_paths(tls_files):
+    """CONSUL_HTTP_ADDR=https://..., CONSUL_CACERT and CONSUL_HTTP_TOKEN, as the project's clients read them."""
+    cert, key = tls_files
+    with DevCluster(nodes=["gpu-a"], tls_cert=cert, tls_key=key, acl_token=TOKEN) as cluster:
+        env = {"CONSUL_HTTP_ADDR": f"https://{cluster.addr('gpu-a')}", "CONSUL_CACERT": cert,
+               "CONSUL_HTTP_TOKEN": TOKEN}
+        cfg = ConsulConfig.from_env(env)
+        request = urllib.request.Request(f"{cfg.base_url}/v1/agent/self", headers={"X-Consul-Token": cfg.token})
+        with urllib.request.urlopen(request, context=cfg.ssl_context(), timeout=10) as resp:
+            assert json.load(resp)["Config"]["NodeName"] == "gpu-a"
+        insecure = ConsulConfig.from_env({**env, "CONSUL_CACERT": "", "CONSUL_HTTP_SSL_VERIFY": "false"})
+        with urllib.request.urlopen(f"{insecure.base_url}/v1/status/leader", context=insecure.ssl_context(),
+                                    timeout=10) as resp:
+            assert json.load(resp) == "127.0.0.1:8300"
