@@ -166,3 +166,16 @@ def test_registration_is_per_agent_but_catalog_is_shared(cluster):
     assert "shared-b" not in a.agent.services() and "shared-b" in b.agent.services()
     nodes = sorted((e["Node"]["Node"], e["Service"]["ID"]) for e in a.health.service("shared")[1])
     assert nodes == [("gpu-a", "shared-a"), ("gpu-b", "shared-b")]
+
+
+def test_check_register_and_deregister(c, raw):
+    assert raw.request("PUT", "/v1/agent/check/register", {"TTL": "30s"})[::2] == (400, b"Missing check name")
+    assert raw.request("PUT", "/v1/agent/check/register", {"Name": "x", "TTL": "30s", "ServiceID": "nope"})[::2] == (
+        404, b'ServiceID "nope" does not exist')
+    status, _, _ = raw.request("PUT", "/v1/agent/check/register", {"Name": "node-level", "TTL": "30s",
+                                                                   "Status": "passing"})
+    assert status == 200
+    check = c.agent.checks()["node-level"]  # CheckID defaults to Name; no service: a node check
+    assert (check["Status"], check["ServiceID"]) == ("passing", "")
+    assert c.agent.check.deregister("node-level") is True
+    assert "node-level" not in c.agent.checks()
