@@ -10,54 +10,19 @@ never rolled back.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from consul_testing import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, clean_env
+from sizes_log import rank0_sequence, read_rows, wait_for_size
 
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).parent / "worker_sizes.py"
-
-
-class Sizes:
-    """Reads what the workers logged."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-
-    def rows(self) -> list[dict]:
-        rows = []
-        for path in glob.glob(str(self.directory / "sizes.*.jsonl")):
-            with open(path) as f:
-                rows.extend(json.loads(line) for line in f if line.endswith("\n"))
-        return sorted(rows, key=lambda r: r["time"])
-
-    def sequence(self) -> list[int]:
-        """World sizes rank 0 trained at, in order, repeats collapsed."""
-        seq: list[int] = []
-        for row in self.rows():
-            if row["event"] == "step" and row["rank"] == 0 and (not seq or seq[-1] != row["size"]):
-                seq.append(row["size"])
-        return seq
-
-    def wait_for(self, size: int, job: subprocess.Popen, timeout: float = 90.0) -> None:
-        """Wait until rank 0 trains at ``size``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            seq = self.sequence()
-            if seq and seq[-1] == size:
-                return
-            assert job.poll() is None, f"horovodrun exited early with {job.returncode}"
-            time.sleep(0.2)
-        raise AssertionError(f"world size never reached {size}; saw {self.sequence()}")
 
 
 def test_membership_follows_consul(cluster, node_agents, tmp_path):
@@ -74,7 +39,9 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
          sys.executable, str(WORKER)],
         env=job_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    sizes = Sizes(tmp_path)
+
+    def wait_for(size: int) -> None:
+        wait_for_size(tmp_path, size, job)
 
     def hvd(*args: str) -> None:
         result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True, text=True, timeout=60)
@@ -84,17 +51,17 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         # horovodrun waits for a second host (it needs two to pick a network
         # interface) until the node agent of 127.0.0.1 starts.
         other_agent = node_agents.start(other, *agent_args, name="127.0.0.1")
-        sizes.wait_for(2, job)
+        wait_for(2)
         hvd("drain", "--reason", "e2e")
-        sizes.wait_for(1, job)  # drained: graceful shrink
+        wait_for(1)  # drained: graceful shrink
         hvd("undrain")
-        sizes.wait_for(2, job)  # undrained: grows again
+        wait_for(2)  # undrained: grows again
         other_agent.send_signal(signal.SIGSTOP)  # the node goes silent: its TTL check fails
-        sizes.wait_for(1, job)
+        wait_for(1)
         other_agent.send_signal(signal.SIGKILL)
         other_agent.wait()
         node_agents.start(other, *agent_args, name="127.0.0.1-again")  # a node agent starts: grow
-        sizes.wait_for(2, job)
+        wait_for(2)
         (tmp_path / "stop").touch()
         assert job.wait(timeout=120) == 0
     finally:
@@ -104,8 +71,8 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         log.close()
 
     horovod_log = (tmp_path / "horovodrun.log").read_text()[-4000:]
-    assert sizes.sequence() == [2, 1, 2, 1, 2], horovod_log
-    rows = sizes.rows()
+    rows = read_rows(tmp_path)
+    assert rank0_sequence(rows) == [2, 1, 2, 1, 2], horovod_log
     survivor = next(r["pid"] for r in rows if r["host"] == "localhost")  # lives through every change
     assert {r["host"] for r in rows if r["pid"] == survivor} == {"localhost"}
     survivor_steps = [r["step"] for r in rows if r["pid"] == survivor and r["event"] == "step"]

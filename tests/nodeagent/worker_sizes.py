@@ -20,12 +20,13 @@ import torch
 SIZES_DIR = os.environ["SIZES_DIR"]
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.1"))
 HOST = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())
-LOG = open(os.path.join(SIZES_DIR, f"sizes.{os.getpid()}.jsonl"), "a", buffering=1)
+# One O_APPEND write per row: a reader never sees half a row followed by another.
+LOG_FD = os.open(os.path.join(SIZES_DIR, f"sizes.{os.getpid()}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 def record(event: str, step: int) -> None:
     row = {"pid": os.getpid(), "host": HOST, "rank": hvd.rank(), "size": hvd.size(), "step": step, "event": event, "time": time.time()}
-    LOG.write(json.dumps(row) + "\n")
+    os.write(LOG_FD, (json.dumps(row) + "\n").encode())
 
 
 class RecordingState(hvd.elastic.TorchState):
