@@ -36,8 +36,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-# RFC 1123 label: letters, digits and inner hyphens, 1-63 characters.
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+# RFC 1123 labels (ASCII letters, digits and inner hyphens, 1-63 characters) joined by dots.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
 _IPV4_OCTET = re.compile(r"(?:0|[1-9][0-9]{0,2})\Z")
 _POSITIVE_INT = re.compile(r"[1-9][0-9]*\Z")
 MAX_HOSTNAME_LENGTH = 253
@@ -105,15 +106,10 @@ def is_valid_ipv4(name: str) -> bool:
 
 def is_valid_host(name: str) -> bool:
     """True for an RFC 1123 host name or an IPv4 address that is safe to hand to ssh."""
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_HOSTNAME_LENGTH:
+    if not isinstance(name, str) or len(name) > MAX_HOSTNAME_LENGTH or not _HOSTNAME.match(name):
         return False
-    if not name.isascii():
-        return False
-    labels = name.split(".")
     # An all-numeric last label is no DNS name (RFC 3696 2): it must be IPv4.
-    if labels[-1].isdigit():
-        return is_valid_ipv4(name)
-    return all(_LABEL.match(label) for label in labels)
+    return is_valid_ipv4(name) if name.rpartition(".")[2].isdigit() else True
 
 
 def parse_slots(value: Any) -> int | None:
@@ -128,6 +124,8 @@ def _check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
     rank = {PASSING: 0, "warning": 1, "critical": 2}
     worst, maintenance, problems = PASSING, "", []
     for check in checks:
+        if not isinstance(check, dict):
+            raise MalformedResponse("a check is not a JSON object")
         check_id = check.get("CheckID", "")
         status = check.get("Status")
         if not isinstance(check_id, str) or not isinstance(status, str):
@@ -161,56 +159,50 @@ def _host_name(node: dict[str, Any], service: dict[str, Any], naming: HostNaming
     return service.get("Address") or node_address
 
 
+def _judge(host: str, tags: list, meta: dict, options: Options) -> tuple[Verdict, str, int | None]:
+    """(verdict, reason, slots) for a healthy instance."""
+    if options.tags and not all(tag in tags for tag in options.tags):
+        # Consul filtered by tag already; a server that ignored ?tag= must not widen the job.
+        return Verdict.EXCLUDED, "missing tag", None
+    if not is_valid_host(host):
+        return Verdict.BAD_HOST, f"host name {host!r} is not a valid RFC 1123 name or IPv4 address", None
+    if options.exclude and host.lower() in options.exclude:
+        return Verdict.EXCLUDED, "excluded", None
+    raw = meta.get(options.slots_key)
+    slots = options.default_slots if raw is None else parse_slots(raw)
+    if slots is None:
+        shown = "missing" if raw is None else repr(raw)
+        return Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {shown}, expected a positive integer", None
+    if options.max_slots_per_host is not None:
+        slots = min(slots, options.max_slots_per_host)
+    return Verdict.ACCEPTED, "", slots
+
+
+def _decide(entry: Any, options: Options) -> Decision:
+    if not isinstance(entry, dict):
+        raise MalformedResponse("an entry is not a JSON object")
+    node = _field(entry, "Node", dict, "entry")
+    service = _field(entry, "Service", dict, "entry")
+    checks = _field(entry, "Checks", list, "entry")
+    node_name = _field(node, "Node", str, "Node")
+    service_id = str(service.get("ID") or service.get("Service") or "")
+    meta = _field(service, "Meta", dict, "Service")
+    tags = _field(service, "Tags", list, "Service")
+    health, maintenance, problems = _check_health(checks)
+    host = _host_name(node, service, options.naming)
+    if health != PASSING:
+        why = "; ".join(filter(None, [maintenance and f"maintenance: {maintenance}", problems]))
+        verdict, reason, slots = Verdict.UNHEALTHY, why or health, None
+    else:
+        verdict, reason, slots = _judge(host, tags, meta, options)
+    return Decision(node_name, service_id, host, slots, verdict, reason, health, maintenance)
+
+
 def evaluate(entries: Any, options: Options = Options()) -> list[Decision]:
     """Decide for each entry of ``GET /v1/health/service/:name``; raises MalformedResponse."""
     if not isinstance(entries, list):
         raise MalformedResponse("the response is not a JSON array")
-    decisions = []
-    for entry in entries:
-        if not isinstance(entry, dict):
-            raise MalformedResponse("an entry is not a JSON object")
-        node = _field(entry, "Node", dict, "entry")
-        service = _field(entry, "Service", dict, "entry")
-        checks = _field(entry, "Checks", list, "entry")
-        if not all(isinstance(c, dict) for c in checks):
-            raise MalformedResponse("a check is not a JSON object")
-        node_name = _field(node, "Node", str, "Node")
-        service_id = str(service.get("ID") or service.get("Service") or "")
-        meta = _field(service, "Meta", dict, "Service")
-        tags = _field(service, "Tags", list, "Service")
-        health, maintenance, problems = _check_health(checks)
-        host = _host_name(node, service, options.naming)
-
-        def decide(verdict: Verdict, reason: str = "", slots: int | None = None) -> Decision:
-            return Decision(node_name, service_id, host, slots, verdict, reason, health, maintenance)
-
-        if health != PASSING:
-            why = "; ".join(filter(None, [maintenance and f"maintenance: {maintenance}", problems]))
-            decisions.append(decide(Verdict.UNHEALTHY, why or health))
-            continue
-        if not all(tag in tags for tag in options.tags):
-            # Consul filtered by tag already; a server that ignored ?tag= must not widen the job.
-            decisions.append(decide(Verdict.EXCLUDED, "missing tag"))
-            continue
-        if not is_valid_host(host):
-            decisions.append(decide(Verdict.BAD_HOST, f"host name {host!r} is not a valid RFC 1123 name or IPv4 address"))
-            continue
-        if host.lower() in options.exclude:
-            decisions.append(decide(Verdict.EXCLUDED, "excluded"))
-            continue
-        raw = meta.get(options.slots_key)
-        if raw is None and options.default_slots is not None:
-            slots = options.default_slots
-        else:
-            slots = parse_slots(raw)
-        if slots is None:
-            shown = "missing" if raw is None else repr(raw)
-            decisions.append(decide(Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {shown}, expected a positive integer"))
-            continue
-        if options.max_slots_per_host is not None:
-            slots = min(slots, options.max_slots_per_host)
-        decisions.append(decide(Verdict.ACCEPTED, slots=slots))
-    return decisions
+    return [_decide(entry, options) for entry in entries]
 
 
 def merge(decisions: Iterable[Decision]) -> list[tuple[str, int]]:
