@@ -51,6 +51,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from hvd_elastic.training.events import describe_error
+
 log = logging.getLogger(__name__)
 
 FORMAT = "hvd-elastic-checkpoint"
@@ -251,7 +253,7 @@ class CheckpointManager:
                 _unlink_quietly(tmp)
             self.last_error = exc
             log.error("checkpoint write %s failed, keeping the previous checkpoints: %s", payload_name, exc)
-            self._emit("checkpoint_error", {"path": str(self.directory / payload_name), "error": repr(exc)})
+            self._emit("checkpoint_error", {"path": str(self.directory / payload_name), "error": describe_error(exc)})
             return
         self.last_error = None
         seconds = time.monotonic() - started
@@ -351,7 +353,7 @@ class CheckpointManager:
         try:
             payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 -- weights_only refusals and corrupt zips alike
-            raise _Invalid(payload_path, f"torch.load(weights_only=True) refused it: {_first_line(exc)}") from None
+            raise _Invalid(payload_path, f"torch.load(weights_only=True) refused it: {describe_error(exc)}") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT or "snapshot" not in payload:
             raise _Invalid(payload_path, f"not a {FORMAT} payload")
         return Checkpoint(payload["snapshot"], manifest, manifest_path, payload_path)
@@ -441,7 +443,3 @@ def _unlink_quietly(path: Path) -> None:
     except OSError as exc:
         log.warning("could not remove %s: %s", path, exc)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -111,3 +111,9 @@ class EventLog:
                 if event is None or record.get("event") == event:
                     records.append(record)
         return records
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"``, short enough for one event field."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -1,0 +1,250 @@
+"""The ``run`` decorator: Horovod's elastic loop plus durable checkpoints and an event log.
+
+::
+
+    @hvd_elastic.run(checkpoint_dir="ckpt", checkpoint_every_commits=100, event_log="events.jsonl")
+    def train(state):
+        while state.step < total_steps:
+            ...
+            state.step += 1
+            state.commit()
+
+    hvd.init()
+    train(TrainingState(model=model, optimizer=optimizer, ...))
+
+Each call of the decorated function:
+
+1. On rank 0, deletes leftovers of interrupted checkpoint writes and loads the newest
+   valid checkpoint into the state (``state.load_snapshot``), so a job that lost every
+   process resumes where its last durable checkpoint left it.  The other ranks receive
+   it through the state's sync, which runs before the function.
+2. Listens to the state: every commit may start a background checkpoint write (rank 0
+   only); commits, syncs and restores go to the event log.
+3. Under an elastic launch (``HOROVOD_ELASTIC=1``, set by ``horovodrun --min-np/--max-np
+   /--host-discovery-script``) runs the function inside ``hvd.elastic.run``, and logs
+   every reset with its reason and the world size before and after.  Under a static
+   launch (``horovodrun -np N``, ``mpirun``) there is nothing to recover to, so it syncs
+   once and calls the function; any error ends the job as usual.
+4. When the function returns, rank 0 writes a final checkpoint of the last commit (if
+   it is newer than the last checkpoint) and waits for writes in flight.  Commit at the
+   end of training so that the final state is the committed one.
+
+Rank 0 is the only writer of checkpoints and of the event log: Horovod keeps rank 0 on
+the oldest surviving host, so it is the process that saw every reset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import socket
+from typing import Any, Callable
+
+import horovod.torch as hvd
+from horovod.common.elastic import notification_manager
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runner.elastic.worker import HostUpdateResult
+
+from hvd_elastic.training.checkpoint import CheckpointManager
+from hvd_elastic.training.events import EventLog, describe_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Every setting of :func:`run` in one typed place.
+
+    Attributes:
+        checkpoint_dir: where rank 0 writes checkpoints and where a restarted job
+            resumes from; None disables checkpoints.
+        checkpoint_every_commits: write at every N-th commit.
+        checkpoint_every_seconds: write at the first commit T seconds after the last write.
+        keep_last: checkpoints kept on disk.
+        checkpoint_on_exit: write the last commit when the function returns.
+        event_log: JSON-lines file rank 0 appends events to; None disables it.
+        log_commits: also log every commit (one short line each).
+    """
+
+    checkpoint_dir: str | os.PathLike | None = None
+    checkpoint_every_commits: int | None = None
+    checkpoint_every_seconds: float | None = None
+    keep_last: int = 3
+    checkpoint_on_exit: bool = True
+    event_log: str | os.PathLike | None = None
+    log_commits: bool = True
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
+            raise ValueError("checkpoint_every_commits/checkpoint_every_seconds need a checkpoint_dir")
+
+    def checkpoint_manager(self, on_event: Callable[[str, dict], None]) -> CheckpointManager | None:
+        if self.checkpoint_dir is None:
+            return None
+        return CheckpointManager(self.checkpoint_dir, every_commits=self.checkpoint_every_commits,
+                                 every_seconds=self.checkpoint_every_seconds, keep_last=self.keep_last,
+                                 on_event=on_event)
+
+
+def run(func: Callable | None = None, /, *, config: RunConfig | None = None, **settings: Any):
+    """Decorate a training function ``func(state, *args, **kwargs)``.
+
+    Use as ``@run``, ``@run(config=RunConfig(...))`` or ``@run(**RunConfig fields)``.
+    """
+    if config is not None and settings:
+        raise TypeError("pass either config= or individual settings, not both")
+    config = config or RunConfig(**settings)
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(state, *args, **kwargs):
+            return _Session(config, state).run(fn, *args, **kwargs)
+        return wrapper
+
+    return decorate(func) if func is not None else decorate
+
+
+def is_elastic_launch() -> bool:
+    """Whether this process was started by an elastic horovodrun."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+class _Session:
+    """One call of a decorated function: its checkpoints, events and reset bookkeeping."""
+
+    def __init__(self, config: RunConfig, state) -> None:
+        if not hvd.is_initialized():
+            hvd.init()
+        self.config = config
+        self.state = state
+        self._rank = hvd.rank()
+        self._size = hvd.size()
+        self._host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
+        self.checkpoints = config.checkpoint_manager(on_event=self._emit_from_writer)
+        self._last_checkpoint_commit: int | None = None
+        self._host_updates = HostUpdateResult.no_update
+        self._pending_reset: dict | None = None
+        self._entries = 0
+
+    # -------------------------------------------------------------- the call
+
+    def run(self, fn: Callable, *args, **kwargs):
+        self._resume()
+        self.state.add_listener(self._on_state_event)
+        elastic = is_elastic_launch()
+        if elastic:
+            notification_manager.register_listener(self)
+        try:
+            inner = functools.partial(self._call, fn)
+            if elastic:
+                result = hvd.elastic.run(inner)(self.state, *args, **kwargs)
+            else:
+                self.state.sync()
+                result = inner(self.state, *args, **kwargs)
+            self._finish()
+            return result
+        except BaseException as exc:
+            self._emit("abort", error=describe_error(exc))
+            raise
+        finally:
+            if elastic:
+                notification_manager.remove_listener(self)
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+            if self.events is not None:
+                self.events.close()
+
+    def _call(self, fn: Callable, state, *args, **kwargs):
+        self._refresh_rank()
+        self._entries += 1
+        if self._entries == 1:
+            self._emit("start")
+        else:
+            # No record means the error came from the state's sync, outside the function.
+            reset = self._pending_reset or {"reason": "internal_error", "message": "failed during sync",
+                                            "old_size": None}
+            self._emit("reset", **reset, new_size=self._size)
+            self._pending_reset = None
+            self._host_updates = HostUpdateResult.no_update
+        try:
+            return fn(state, *args, **kwargs)
+        except HostsUpdatedInterrupt as exc:
+            self._pending_reset = {"reason": "hosts_updated", "hosts": self._describe_hosts(exc),
+                                   "old_size": self._size}
+            raise
+        except HorovodInternalError as exc:
+            self._pending_reset = {"reason": "internal_error", "message": describe_error(exc), "old_size": self._size}
+            raise
+
+    def _resume(self) -> None:
+        if self.checkpoints is None or self._rank != 0:
+            return
+        self.checkpoints.remove_stale()
+        ckpt = self.checkpoints.load_latest()
+        if ckpt is None:
+            return
+        self.state.load_snapshot(ckpt.snapshot)
+        m = ckpt.manifest
+        # Already durable: nothing to write at exit unless training commits again.
+        self._last_checkpoint_commit = self.state.commit_count
+        log.info("resumed from checkpoint %s (step %s)", ckpt.manifest_path, m.get("step"))
+        self._emit("resume", path=str(ckpt.manifest_path), sequence=m.get("sequence"), step=m.get("step"),
+                   epoch=m.get("epoch"), commit_count=m.get("commit_count"), world_size=m.get("world_size"))
+
+    def _finish(self) -> None:
+        self._refresh_rank()
+        if (self.checkpoints is not None and self.config.checkpoint_on_exit and self._rank == 0
+                and self.state.commit_count != self._last_checkpoint_commit):
+            self.checkpoints.save(self.state.snapshot, **self._manifest_meta())
+        self._emit("finish", commit_count=self.state.commit_count)
+
+    # -------------------------------------------------------------- listeners
+
+    def _on_state_event(self, event: str, fields: dict) -> None:
+        self._refresh_rank()
+        if event == "commit" and self.checkpoints is not None and self._rank == 0:
+            meta = self._manifest_meta()
+            if self.checkpoints.commit(self.state.snapshot, **meta):
+                self._last_checkpoint_commit = meta["commit_count"]
+        if event != "commit" or self.config.log_commits:
+            self._emit(event, **fields)
+
+    def on_hosts_updated(self, timestamp, update_res) -> None:
+        """Horovod's worker notification (coordinator only): remember what changed."""
+        self._host_updates |= update_res
+
+    def _describe_hosts(self, exc: HostsUpdatedInterrupt) -> str:
+        names = {HostUpdateResult.added: "added", HostUpdateResult.removed: "removed",
+                 HostUpdateResult.mixed: "mixed"}
+        if self._host_updates in names:
+            return names[self._host_updates]
+        # Only the coordinator hears the details; the others know removal-only from skip_sync.
+        return "removed" if exc.skip_sync else "added"
+
+    # -------------------------------------------------------------- helpers
+
+    def _manifest_meta(self) -> dict:
+        return {"step": getattr(self.state, "step", None), "epoch": getattr(self.state, "epoch", None),
+                "commit_count": self.state.commit_count, "world_size": self._size}
+
+    def _refresh_rank(self) -> None:
+        try:
+            self._rank, self._size = hvd.rank(), hvd.size()
+        except ValueError:
+            pass  # between Horovod's shutdown and init during a reset: keep the last known
+
+    def _context(self) -> dict:
+        return {"rank": self._rank, "size": self._size, "host": self._host, "pid": os.getpid()}
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.events is not None and self._rank == 0:
+            self.events.emit(event, **fields)
+
+    def _emit_from_writer(self, event: str, fields: dict) -> None:
+        # The checkpoint writer only runs on a process that was rank 0 when it started.
+        if self.events is not None:
+            self.events.emit(event, **fields)
+
