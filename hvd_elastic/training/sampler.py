@@ -21,6 +21,12 @@ Only completed steps count: iterating (and a DataLoader's prefetching, with
 any ``num_workers``) never moves the position; the training loop calls
 :meth:`record_batch` once per completed step, before ``state.commit()``.
 
+torchdata's ``StatefulDataLoader`` works too: the sampler's iterators are
+stateful, so ``loader.state_dict()`` holds the position after the batches
+the loader has yielded and ``loader.load_state_dict()`` resumes there (in
+any world size).  Under :class:`TrainingState` the committed position is
+still the one :meth:`record_batch` advanced.
+
 The tail, without padding
 -------------------------
 Nothing is ever repeated to even out ranks.  Every rank of a world yields the
@@ -42,7 +48,7 @@ same number of batches (``len(sampler)``), so collectives never deadlock:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sized
+from typing import Any, Callable, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -141,14 +147,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
 
     def step_size_at(self, offset: int) -> int:
         """Samples taken by the global step starting at ``offset`` (0 at the end of the epoch)."""
-        remaining = self.num_samples - offset
-        if remaining <= 0:
-            return 0
-        step = self.step_samples
-        # A remainder too small to give every rank a sample joins the last step.
-        if remaining <= step or remaining - step < self.world_size:
-            return remaining
-        return step
+        return _step_size(self.num_samples, offset, self.step_samples, self.world_size)
 
     def record_batch(self, steps: int = 1) -> None:
         """Mark ``steps`` global steps as completed (call once per step, on every rank)."""
@@ -172,18 +171,10 @@ class ExactlyOnceSampler(Sampler[list[int]]):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> "_Batches":
         # The partition is fixed NOW (not at the first next()): prefetching
         # DataLoaders create the iterator and then race ahead of record_batch.
-        return self._batches(self.order(), self.offset, self.rank, self.world_size)
-
-    def _batches(self, order: torch.Tensor, offset: int, rank: int, world: int) -> Iterator[list[int]]:
-        while True:
-            size = self.step_size_at(offset)
-            if size == 0:
-                return
-            yield order[offset + rank : offset + size : world].tolist()
-            offset += size
+        return _Batches(self)
 
     def __len__(self) -> int:
         """Global steps left in the epoch: the same on every rank."""
@@ -231,6 +222,52 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.offset = offset
         self._order_cache = None
+
+
+class _Batches:
+    """This rank's batches from the position at creation, with the world of that moment.
+
+    Stateful for torchdata's ``StatefulDataLoader``: its ``state_dict`` is
+    the position after the batches drawn so far (the loader snapshots it as
+    each batch is yielded), and ``load_state_dict`` moves the sampler there.
+    """
+
+    def __init__(self, sampler: ExactlyOnceSampler):
+        self.sampler = sampler
+        self._reset()
+
+    def _reset(self) -> None:
+        s = self.sampler
+        self.order, self.epoch, self.offset = s.order(), s.epoch, s.offset
+        self.rank, self.world, self.step = s.rank, s.world_size, s.step_samples
+
+    def __iter__(self) -> "_Batches":
+        return self
+
+    def __next__(self) -> list[int]:
+        size = _step_size(len(self.order), self.offset, self.step, self.world)
+        if size == 0:
+            raise StopIteration
+        batch = self.order[self.offset + self.rank : self.offset + size : self.world].tolist()
+        self.offset += size
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.sampler.state_dict(), "epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self._reset()
+
+
+def _step_size(num_samples: int, offset: int, step: int, world: int) -> int:
+    remaining = num_samples - offset
+    if remaining <= 0:
+        return 0
+    # A remainder too small to give every rank a sample joins the last step.
+    if remaining <= step or remaining - step < world:
+        return remaining
+    return step
 
 
 class _NoneForEmpty:

@@ -162,3 +162,26 @@ def test_collate_turns_an_empty_batch_into_none():
     collate = ExactlyOnceSampler.collate()
     assert collate([]) is None
     assert collate([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]
+
+
+def test_torchdata_stateful_dataloader_resumes_at_the_recorded_position():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    sampler = ExactlyOnceSampler(37, 3, rank=0, world_size=2, seed=5)
+    loader = stateful.StatefulDataLoader(Squares(), batch_sampler=sampler, num_workers=2,
+                                         collate_fn=ExactlyOnceSampler.collate())
+    for i, batch in enumerate(loader):
+        if i == 2:
+            saved = loader.state_dict()  # three batches yielded (3 steps of 2 x 3 samples)
+            break
+    assert saved["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["offset"] == 18
+
+    # a new process (and a new world of one) resumes from the loader's state
+    resumed = ExactlyOnceSampler(37, 3, rank=0, world_size=1, seed=5)
+    loader = stateful.StatefulDataLoader(Squares(), batch_sampler=resumed, num_workers=2,
+                                         collate_fn=ExactlyOnceSampler.collate())
+    loader.load_state_dict(saved)
+    rest = []
+    for batch in loader:
+        rest += batch.tolist()
+        resumed.record_batch()
+    assert sorted(rest) == sorted(resumed.order()[18:].tolist())

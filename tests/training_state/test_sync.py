@@ -1,0 +1,39 @@
+"""TrainingState.sync between two real Horovod (Gloo) processes: a trained rank 0, a new rank 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+BIN = Path(sys.executable).parent
+REPO = HERE.parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def test_sync_makes_a_new_rank_identical_without_moving_its_parameters(tmp_path):
+    out = subprocess.run(
+        [str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
+         sys.executable, str(HERE / "sync_worker.py")],
+        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
+                 OUT=str(tmp_path)),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"sync-{r}.json").read_text()) for r in (0, 1))
+    for key in ("params", "buffers", "optimizer", "optimizer_keys", "lr", "scheduler", "sampler", "values", "rng"):
+        assert r0[key] == r1[key], f"{key} differs after sync"
+    # rank 1 had no optimizer state; it now has Adam's, created from rank 0's bytes
+    assert r1["optimizer_keys"][0] == ["exp_avg", "exp_avg_sq", "step"]
+    assert r1["moment_devices_shared"]
+    # restore() after the sync came back to the synced state on both ranks
+    assert r0["params"] == r0["params_after_sync"] == r1["params_after_sync"]
+    assert r0["values"] == {"epoch": 2, "best": {"loss": 0.25, "at": [2, 7]}}
+    assert r0["sampler"]["offset"] == 30 and r1["changed_by_sync"] and not r0["changed_by_sync"]
+    assert r0["buckets"] > 2  # small buckets: the pipelined path with several dtypes ran
