@@ -29,34 +29,25 @@ def env_list(name: str) -> list[str]:
     return [item.strip() for item in (os.environ.get(name) or "").split(",") if item.strip()]
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0 or not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+def _argument_type(convert, accept, expected: str):
+    """An argparse ``type=``: ``convert(text)``, rejected unless ``accept(value)``."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
+        return value
+
+    parse.__name__ = expected
+    return parse
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return value
+positive_int = _argument_type(int, lambda v: v > 0, "a positive integer")
+positive_float = _argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
+non_negative_float = _argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
 
 
 def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
