@@ -90,11 +90,20 @@ def query_gpus() -> GpuInfo:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return GpuInfo(0)
-    rows = [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return parse_gpu_query(out, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def parse_gpu_query(csv_text: str, cuda_visible_devices: str | None) -> GpuInfo:
+    """GpuInfo from ``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits``.
+
+    The count is capped by the devices CUDA_VISIBLE_DEVICES lists (``-1`` or an
+    empty value hides them all); model and memory are the first GPU's.
+    """
+    rows = [[field.strip() for field in line.split(",")] for line in csv_text.splitlines() if line.strip()]
     count = len(rows)
-    if visible is not None:
-        count = min(count, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    if cuda_visible_devices is not None:
+        visible = [d.strip() for d in cuda_visible_devices.split(",")]
+        count = 0 if "-1" in visible else min(count, len([d for d in visible if d]))
     if not count:
         return GpuInfo(0)
     model, memory = (rows[0] + ["", "0"])[:2]
@@ -167,7 +176,10 @@ def load_probe(spec: str, settings: ProbeSettings) -> Probe:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot load probe {spec!r}: {exc}") from None
-    probe = factory(settings)
+    try:
+        probe = factory(settings)
+    except Exception as exc:  # noqa: BLE001 - any plugin error is bad input, reported as such
+        raise ValueError(f"probe {spec!r} failed to start: {type(exc).__name__}: {exc}") from None
     if not isinstance(probe, Probe):
         raise ValueError(f"probe {spec!r} returned {type(probe).__name__}, expected a Probe")
     return probe
