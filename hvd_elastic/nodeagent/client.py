@@ -41,6 +41,9 @@ def describe(exc: BaseException, config: ConsulConfig) -> str:
     where = f"Consul agent at {config.base_url}"
     if isinstance(exc, consul.ACLPermissionDenied):
         return f"{where} refused access (403 {str(exc).strip()[:200]}): set CONSUL_HTTP_TOKEN or --token"
+    if isinstance(exc, requests.exceptions.SSLError):
+        reason = "certificate verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(exc) else "handshake failed"
+        return f"TLS with {where} failed: {reason} (check CONSUL_CACERT / --ca-file)"
     if isinstance(exc, requests.ConnectionError):
         return f"cannot reach {where}"
     if isinstance(exc, requests.Timeout):

@@ -85,6 +85,17 @@ def register(
     assert code == 200, (code, answer)
 
 
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """(certificate, key) for 127.0.0.1, made by the openssl CLI; the certificate is its own CA."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

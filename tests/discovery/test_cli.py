@@ -12,9 +12,11 @@ import json
 import subprocess
 
 import pytest
-from consul_testing import ScriptedServer, clean_env, consul_request, free_port, register, run_discovery
+from consul_testing import ScriptedServer, clean_env, consul_request, free_port, register, run_discovery, self_signed_cert
 
 from hvd_elastic.devagent import DevCluster
+
+pytestmark = pytest.mark.slow  # each test runs the discovery script as a process
 
 
 def assert_failed(result: subprocess.CompletedProcess, code: int, *needles: str) -> None:
@@ -172,12 +174,7 @@ def test_bad_input_exits_2(tmp_path, args, env_extra, needle):
 
 
 def test_tls_with_ca_file(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
+    cert, key = self_signed_cert(tmp_path)
     with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
         addr = secured.addr("localhost")
         register_tls = {"Name": "horovod", "Meta": {"slots": "1"}, "Check": {"TTL": "300s", "Status": "passing"}}

@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from consul_testing import HVD_ELASTIC, REPO, clean_env, consul_request, free_port, register, run_discovery, wait_until
+from consul_testing import HVD_ELASTIC, REPO, clean_env, consul_request, free_port, register, run_discovery, self_signed_cert, wait_until
 
 from hvd_elastic.devagent import DevCluster
 
@@ -191,3 +191,16 @@ def test_slurm_epilog_drains_and_prolog_undrains(cluster, node_agents, tmp_path)
     prolog = subprocess.run([str(REPO / "scripts/slurm/prolog.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert prolog.returncode == 0, prolog.stderr
     assert run_discovery(env).stdout == "localhost:1\n"
+
+
+def test_node_agent_drain_and_status_over_tls(node_agents, tmp_path):
+    cert, key = self_signed_cert(tmp_path)
+    with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
+        env = clean_env(tmp_path, CONSUL_HTTP_ADDR=f"https://{secured.addr('localhost')}", CONSUL_CACERT=str(cert))
+        node_agents.start("", "--slots", "3", env=env)
+        wait_until(lambda: run_discovery(env).stdout == "localhost:3\n", what="registration over https")
+        assert hvd(env, "drain").returncode == 0
+        assert "maintenance" in hvd(env, "status").stdout
+        untrusted = dict(env, CONSUL_CACERT="")
+        result = hvd(untrusted, "undrain")
+        assert result.returncode == 1 and result.stderr.count("\n") == 1 and "certificate verify failed" in result.stderr, result.stderr
