@@ -103,15 +103,20 @@ class Bench:
         t = self.torch.tensor([seconds], dtype=self.torch.float64)
         return self.hvd.allreduce(t, op=self.hvd.Max, name="bench.max").item()
 
-    def timed(self, fn, reps: int | None = None) -> float:
-        """Median over reps of the slowest rank's time of fn()."""
-        times = []
+    def timed(self, fns: dict, reps: int | None = None) -> dict[str, dict[str, float]]:
+        """Each fn's time on the slowest rank: median and best of ``--reps`` rounds.
+
+        The variants run interleaved, round by round, so load from other
+        processes on the machine falls on all of them alike.
+        """
+        times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(reps or self.args.reps):
-            self.barrier()
-            start = time.perf_counter()
-            fn()
-            times.append(self.slowest(time.perf_counter() - start))
-        return statistics.median(times)
+            for name, fn in fns.items():
+                self.barrier()
+                start = time.perf_counter()
+                fn()
+                times[name].append(self.slowest(time.perf_counter() - start))
+        return {name: {"median": statistics.median(t), "best": min(t)} for name, t in times.items()}
 
     def state_tensors(self) -> list:
         tensors = [t for t in self.model.state_dict().values()]
@@ -136,35 +141,42 @@ class Bench:
 
         ours = TrainingState(model=self.model, optimizer=self.optimizer, epoch=0)
         theirs = hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer, epoch=0)
-        results = {
-            "copy_": self.timed(plain_copy),
-            "ours.save": self.timed(ours.save),
-            "ours.commit": self.timed(ours.commit),
-            "torchstate.save": self.timed(theirs.save),
-            "torchstate.commit": self.timed(theirs.commit),
-        }
+        results = self.timed({
+            "copy_": plain_copy,
+            "ours.save": ours.save,
+            "ours.commit": ours.commit,
+            "torchstate.save": theirs.save,
+            "torchstate.commit": theirs.commit,
+        })
         del copies
 
         # sync --------------------------------------------------------------------------------
         flat = torch.empty(nbytes // 4, dtype=torch.float32)
-        results["broadcast_"] = self.timed(lambda: hvd.broadcast_(flat, 0, name="bench.flat"))
+        results.update(self.timed({
+            "broadcast_": lambda: hvd.broadcast_(flat, 0, name="bench.flat"),
+            "ours.sync": ours.sync,
+            "torchstate.sync": theirs.sync,
+        }))
         del flat
-        results["ours.sync"] = self.timed(ours.sync)
-        results["torchstate.sync"] = self.timed(theirs.sync)
 
-        # throughput: the variants interleaved so drift hits them alike ------------------------
-        loops = {"loop": lambda: None, "ours.loop": ours.commit, "torchstate.loop": theirs.commit}
-        per_step: dict[str, list[float]] = {k: [] for k in loops}
-        for _ in range(self.args.rounds):
-            for name, commit in loops.items():
-                self.barrier()
-                start = time.perf_counter()
+        # throughput: a few steps per round, variants interleaved ----------------------------------
+        def loop(commit):
+            def steps():
                 for _ in range(self.args.steps):
                     self.step()
                     commit()
-                per_step[name].append(self.slowest(time.perf_counter() - start) / self.args.steps)
-        for name, times in per_step.items():
-            results[name] = statistics.median(times)
+            return steps
+
+        rounds = self.timed({
+            "loop": loop(lambda: None),
+            "ours.loop": loop(ours.commit),
+            "torchstate.loop": loop(theirs.commit),
+        }, reps=self.args.rounds)
+        for name, t in rounds.items():
+            results[name] = {k: v / self.args.steps for k, v in t.items()}
+
+        def ratio(a: str, b: str) -> dict[str, float]:
+            return {k: results[a][k] / results[b][k] for k in ("median", "best")}
 
         return {
             "world_size": hvd.size(),
@@ -173,38 +185,47 @@ class Bench:
             "torch_threads": torch.get_num_threads(),
             "batch": self.args.batch,
             "seconds": results,
+            "load_average": os.getloadavg(),
             "ratios": {
-                "ours.save/copy_": results["ours.save"] / results["copy_"],
-                "ours.commit/copy_": results["ours.commit"] / results["copy_"],
-                "torchstate.save/copy_": results["torchstate.save"] / results["copy_"],
-                "torchstate.commit/copy_": results["torchstate.commit"] / results["copy_"],
-                "ours.sync/broadcast_": results["ours.sync"] / results["broadcast_"],
-                "torchstate.sync/broadcast_": results["torchstate.sync"] / results["broadcast_"],
-                "ours.loop/loop": results["ours.loop"] / results["loop"],
-                "torchstate.loop/loop": results["torchstate.loop"] / results["loop"],
+                "ours.save/copy_": ratio("ours.save", "copy_"),
+                "ours.commit/copy_": ratio("ours.commit", "copy_"),
+                "torchstate.save/copy_": ratio("torchstate.save", "copy_"),
+                "torchstate.commit/copy_": ratio("torchstate.commit", "copy_"),
+                "ours.sync/broadcast_": ratio("ours.sync", "broadcast_"),
+                "torchstate.sync/broadcast_": ratio("torchstate.sync", "broadcast_"),
+                "ours.loop/loop": ratio("ours.loop", "loop"),
+                "torchstate.loop/loop": ratio("torchstate.loop", "loop"),
             },
             "targets": {"ours.save/copy_": 1.2, "ours.sync/broadcast_": 1.3, "ours.loop/loop": 1.03},
+            "seconds_note": "per operation (per step for loops), slowest rank; median and best over rounds",
         }
 
 
 def table(report: dict) -> str:
     s, r = report["seconds"], report["ratios"]
     rows = [
-        ("commit (host copy)", "copy_", s["copy_"], s["ours.save"], r["ours.save/copy_"],
-         s["torchstate.save"], r["torchstate.save/copy_"], "<= 1.2x"),
-        ("commit (+host check)", "copy_", s["copy_"], s["ours.commit"], r["ours.commit/copy_"],
-         s["torchstate.commit"], r["torchstate.commit/copy_"], ""),
-        (f"sync, {report['world_size']} workers", "broadcast_", s["broadcast_"], s["ours.sync"],
-         r["ours.sync/broadcast_"], s["torchstate.sync"], r["torchstate.sync/broadcast_"], "<= 1.3x"),
-        ("train step + commit", "no library", s["loop"], s["ours.loop"], r["ours.loop/loop"],
-         s["torchstate.loop"], r["torchstate.loop/loop"], "<= 1.03x"),
+        ("commit (host copy)", "copy_", "ours.save", "torchstate.save", "<= 1.2x"),
+        ("commit (+host check)", "copy_", "ours.commit", "torchstate.commit", ""),
+        (f"sync, {report['world_size']} workers", "broadcast_", "ours.sync", "torchstate.sync", "<= 1.3x"),
+        ("train step + commit", "loop", "ours.loop", "torchstate.loop", "<= 1.03x"),
     ]
     head = (f"{report['parameters'] / 1e6:.1f}M-parameter MLP + Adam, {report['state_bytes'] / 2**20:.0f} MiB of state, "
-            f"{report['world_size']} Gloo workers, batch {report['batch']}, {report['torch_threads']} torch thread(s)")
-    lines = [head, f"{'measure':22} {'baseline':>11} {'base s':>8} {'ours s':>8} {'ours x':>7} "
-                   f"{'TorchState s':>13} {'TS x':>6}  target"]
-    for name, base, b, o, ox, t, tx, target in rows:
-        lines.append(f"{name:22} {base:>11} {b:8.4f} {o:8.4f} {ox:6.2f}x {t:13.4f} {tx:5.2f}x  {target}")
+            f"{report['world_size']} Gloo workers, batch {report['batch']}, {report['torch_threads']} torch thread(s), "
+            f"load average {report['load_average'][0]:.1f}; seconds are medians (best) of interleaved rounds")
+    lines = [head, f"{'measure':22} {'baseline':>10} {'base s':>15} {'ours s':>15} {'ours x':>13} "
+                   f"{'TorchState s':>15} {'TS x':>13}  target"]
+
+    def cell(name: str) -> str:
+        return f"{s[name]['median']:.3f} ({s[name]['best']:.3f})"
+
+    def times(a: str, b: str) -> str:
+        x = r[f"{a}/{b}"]
+        return f"{x['median']:.2f}x ({x['best']:.2f}x)"
+
+    for label, base, ours, theirs, target in rows:
+        base_name = "no library" if base == "loop" else base
+        lines.append(f"{label:22} {base_name:>10} {cell(base):>15} {cell(ours):>15} {times(ours, base):>13} "
+                     f"{cell(theirs):>15} {times(theirs, base):>13}  {target}")
     return "\n".join(lines)
 
 
