@@ -110,6 +110,11 @@ class TrainingState(State):
         self._components: dict[str, _Component] = {}
         self._buffer: FlatBuffer | None = None
         self._meta: dict[str, Any] = {}
+        # Version counters of the live tensors when they last equalled the
+        # committed copy (after a commit, restore, load or sync); None until
+        # then.  Lets sync() on rank 0 send the committed copy instead of
+        # copying live tensors that did not change.
+        self._clean_versions: tuple | None = None
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
         self._policy = {"lr_factor": 1.0, "base_world_size": _world()[1]}
@@ -178,13 +183,13 @@ class TrainingState(State):
 
     def commit(self) -> None:
         """Save everything to host memory, then raise ``HostsUpdatedInterrupt`` if hosts changed."""
-        seconds, nbytes = self._save()
+        seconds, nbytes = self._save(clean=True)
         self.commit_count += 1
         self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
         self.check_host_updates()
 
     def save(self) -> None:
-        self._save()
+        self._save(clean=True)
 
     def restore(self) -> None:
         """Return every live object to the last commit."""
@@ -193,13 +198,18 @@ class TrainingState(State):
             buffer, meta = self._buffer, self._meta
             done = self._unpack(buffer, meta, range(len(buffer.views)))
         self._load(buffer.as_dict(), meta, done=done)
+        self._mark_clean()
         self._emit("restore", seconds=time.perf_counter() - start, bytes=buffer.layout.nbytes)
 
     def sync(self) -> None:
         """Make every rank equal to rank 0's live state, and commit it locally.
 
         Collective: one ``broadcast_object`` (layout and small state) and a few
-        bucket broadcasts of the flat buffer.
+        bucket broadcasts of the flat buffer.  When rank 0's tensors have not
+        been modified in place since its last commit, restore or sync
+        (PyTorch's version counters tell), it sends its committed copy as is.
+        Changes made through ``.data`` escape version counters: ``commit()``
+        after making them.
         """
         start = time.perf_counter()
         rank = hvd.rank()
@@ -213,9 +223,12 @@ class TrainingState(State):
             def fill(indices: list[int]) -> None:
                 buffer.copy_indices(indices, live)
 
+            # After a restore, or an interrupt raised by commit(), the live
+            # tensors ARE the committed copy: send that, skip the copy.
+            unchanged = self._clean_versions is not None and self._clean_versions == _versions(live)
             with self.snapshot_lock:
                 nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
-                                          fill=fill, bucket_bytes=self.bucket_bytes)
+                                          fill=None if unchanged else fill, bucket_bytes=self.bucket_bytes)
                 self._meta = meta
         else:
             header = self._bcast_object(None, name="hvd_elastic.sync.header")
@@ -233,6 +246,7 @@ class TrainingState(State):
                                           unpack=unpack, bucket_bytes=self.bucket_bytes)
                 self._meta = meta
             self._load(buffer.as_dict(), meta, done=done)
+        self._mark_clean()
         self._apply_world()
         self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes)
 
@@ -285,7 +299,7 @@ class TrainingState(State):
                 tensors[f"{name}/{key}"] = tensor
         meta = {"components": components, "values": snap["values"], "policy": snap["policy"]}
         self._load(tensors, meta, strict=False)
-        self._save()
+        self._save(clean=True)
         self.commit_count = 0
 
     # -- policy ------------------------------------------------------------------------------
@@ -335,16 +349,27 @@ class TrainingState(State):
             self._buffer = FlatBuffer(layout)
         return self._buffer
 
-    def _save(self) -> tuple[float, int]:
+    def _save(self, clean: bool = False) -> tuple[float, int]:
         start = time.perf_counter()
         named, meta = self._capture()
+        live = [t for _, t in named]
         with self.snapshot_lock:
             buffer = self._buffer
             if buffer is None or not buffer.layout.matches(named):
                 buffer = self._buffer_for(FlatLayout.of(named))
-            buffer.copy_from([t for _, t in named])
+            buffer.copy_from(live)
             self._meta = meta
+        # Only commit() vouches for the state: after construction the user may
+        # still change weights in ways version counters miss (through .data).
+        self._clean_versions = _versions(live) if clean else None
         return time.perf_counter() - start, buffer.layout.nbytes
+
+    def _mark_clean(self) -> None:
+        """Record that the live tensors equal the committed copy right now."""
+        named: list[torch.Tensor] = []
+        for component in self._components.values():
+            named.extend(t for _, t in component.tensors())
+        self._clean_versions = _versions(named)
 
     def _unpack(self, buffer: FlatBuffer, meta: dict[str, Any], indices: Sequence[int]) -> set[str]:
         """Copy committed tensors ``indices`` into live tensors that can take them in place.
@@ -628,6 +653,11 @@ def _scale_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any], ratio
             scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
         if hasattr(scheduler, "_last_lr"):
             scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def _versions(tensors: Sequence[torch.Tensor]) -> tuple:
+    """Identity and in-place-modification counter of each tensor."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def _world() -> tuple[int, int]:

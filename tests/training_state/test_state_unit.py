@@ -163,6 +163,21 @@ def test_snapshot_views_change_with_the_next_commit_unless_copied(hvd):
     assert not torch.equal(view["components"]["model"]["tensors"][key], before)
 
 
+def test_sync_on_rank_0_commits_its_live_state_changed_or_not(hvd):
+    state = make()
+    train_step(state)
+    state.commit()
+    key = "0.weight"
+    for change in (True, False):
+        if change:
+            train_step(state)  # in-place parameter updates since the commit
+        state.sync()
+        committed = state.snapshot()["components"]["model"]["tensors"][key]
+        assert torch.equal(committed, state.model.state_dict()[key])
+        state.restore()
+        assert torch.equal(committed, state.model.state_dict()[key])
+
+
 def test_load_snapshot_rejects_foreign_dicts(hvd):
     state = make()
     with pytest.raises(ValueError, match="not a TrainingState snapshot"):
