@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+TYPE_CHECKING = False  # typing and ssl cost start-up time on discovery's path (run every second)
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_CONSUL_ADDR = "127.0.0.1:8500"
 
@@ -111,6 +114,8 @@ class ConsulConfig:
         """An SSL context for https, honouring CA, client certificate and verify settings."""
         if self.scheme != "https":
             return None
+        import ssl  # only here: plain-http discovery never pays for importing it
+
         ctx = ssl.create_default_context(cafile=self.ca_file, capath=self.ca_path)
         if not self.verify:
             ctx.check_hostname = False

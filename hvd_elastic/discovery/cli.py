@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from hvd_elastic.config import ConsulConfig
 from hvd_elastic.discovery import hosts as hostlib
@@ -43,6 +42,10 @@ from hvd_elastic.discovery.options import (
     positive_int,
 )
 from hvd_elastic.discovery.reader import ConsulError, anonymous_is_denied, get_json
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
+if TYPE_CHECKING:
+    from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_service_argument(parser)

@@ -31,10 +31,14 @@ Contracts:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
+if TYPE_CHECKING:
+    from typing import Any
 
 # RFC 1123 labels (ASCII letters, digits and inner hyphens, 1-63 characters) joined by dots.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -67,7 +71,8 @@ class Verdict(enum.Enum):
     BAD_SLOTS = "bad-slots"  # missing or invalid slot count (warned about)
 
 
-class Decision(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Decision:
     """What discovery decided for one service instance."""
 
     node: str
@@ -89,7 +94,8 @@ class Decision(NamedTuple):
         return self.verdict in (Verdict.BAD_HOST, Verdict.BAD_SLOTS)
 
 
-class Options(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Options:
     slots_key: str = "slots"
     default_slots: int | None = None  # used when the Meta key is absent
     max_slots_per_host: int | None = None

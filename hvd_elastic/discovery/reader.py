@@ -2,9 +2,9 @@
 
 horovodrun runs the discovery script every second and never times it out, so
 this path must start fast and finish on time.  It uses only the standard
-library (``http.client``; no ``requests``, whose import alone costs more than a
-whole discovery call) and bounds every socket operation by what is left of one
-overall deadline.  TLS, CA, client certificate and token come from
+library (no ``requests``, whose import alone costs more than a whole discovery
+call; see :mod:`.wire` for the transport) and bounds every socket operation by
+what is left of one overall deadline.  TLS, CA, client certificate and token come from
 :class:`hvd_elastic.config.ConsulConfig`; the token travels in the
 ``X-Consul-Token`` header and is never logged.
 
@@ -15,15 +15,16 @@ or not (403, 4xx, malformed JSON).
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import ssl
 import time
-from typing import Any
 from urllib.parse import urlencode
 
-from hvd_elastic.config import ConsulConfig
+from hvd_elastic.config import ConfigError, ConsulConfig
+from hvd_elastic.discovery import wire
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ConsulError(RuntimeError):
@@ -39,44 +40,14 @@ class ConsulTimeout(ConsulError):
     """The deadline passed before Consul answered."""
 
 
-_CHUNK = 1 << 16
-
-
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("deadline passed")
-    return left
-
-
-def _request(config: ConsulConfig, url: str, deadline: float) -> tuple[int, http.client.HTTPMessage, bytes]:
-    conn = http.client.HTTPConnection(config.host, config.port, timeout=_remaining(deadline))
-    if config.scheme == "https":
-        # Connect and wrap here so CONSUL_TLS_SERVER_NAME can differ from the address dialled.
-        raw = socket.create_connection((config.host, config.port), _remaining(deadline))
-        try:
-            conn.sock = config.ssl_context().wrap_socket(raw, server_hostname=config.tls_server_name or config.host)
-        except BaseException:
-            raw.close()
-            raise
+def _request(config: ConsulConfig, target: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
     headers = {"Accept": "application/json", "User-Agent": "hvd-elastic"}
     if config.token:
         headers["X-Consul-Token"] = config.token
     try:
-        conn.request("GET", url, headers=headers)
-        sock = conn.sock  # http.client drops conn.sock once a closing response arrives
-        sock.settimeout(_remaining(deadline))
-        response = conn.getresponse()
-        chunks = []
-        while not response.isclosed():  # it closes itself once the whole body is read
-            sock.settimeout(_remaining(deadline))
-            chunk = response.read(_CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return response.status, response.headers, b"".join(chunks)
-    finally:
-        conn.close()
+        return wire.get(config.host, config.port, target, headers, deadline, config.ssl_context(), config.tls_server_name)
+    except wire.InvalidHeader:
+        raise ConfigError("the Consul ACL token contains control characters (a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
 
 def _error_text(body: bytes) -> str:
@@ -128,11 +99,15 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
         status, headers, body = _request(config, url, deadline)
     except TimeoutError:
         raise ConsulTimeout(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
-    except ssl.SSLError as exc:
-        # Certificate and handshake problems do not heal by waiting.
-        raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}", retryable=False) from None
-    except (OSError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    except wire.BadAnswer as exc:
+        raise ConsulError(f"{where} gave a bad answer: {exc}", retryable=exc.truncated) from None
+    except OSError as exc:
+        if config.scheme == "https":
+            import ssl  # already loaded by ssl_context()
+
+            if isinstance(exc, ssl.SSLError):  # certificate and handshake problems do not heal by waiting
+                raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}", retryable=False) from None
+        reason = exc.strerror or str(exc) or type(exc).__name__
         raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
     if status == 403:
         raise ConsulError(
@@ -140,7 +115,7 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
             retryable=False,
             status=status,
         )
-    if headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true":
+    if headers.get("x-consul-results-filtered-by-acls", "").lower() == "true":
         # Printing what is left would be a partial list.
         raise ConsulError(
             f"{where} hid some results from this token (X-Consul-Results-Filtered-By-ACLs): give it service:read and node:read",
@@ -167,6 +142,6 @@ def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:
     """
     try:
         status, _, _ = _request(config, "/v1/agent/self", time.monotonic() + timeout)
-    except (OSError, http.client.HTTPException):
+    except (OSError, wire.BadAnswer):
         return False
     return status == 403

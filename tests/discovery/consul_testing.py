@@ -146,6 +146,49 @@ class ScriptedServer:
         self.httpd.server_close()
 
 
+class RawServer:
+    """A loopback TCP server that answers every request with the same raw bytes.
+
+    For the transport's edge cases no HTTP library produces: chunked bodies,
+    answers cut short, non-HTTP peers, servers that keep the connection open.
+    """
+
+    def __init__(self, answer: bytes, keep_open: bool = False):
+        self.answer, self.keep_open = answer, keep_open
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.addr = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    data = conn.recv(4096)
+                    if not data:
+                        break
+                    request += data
+                conn.sendall(self.answer)
+                if self.keep_open:
+                    self._stop.wait(10)
+
+    def __enter__(self) -> "RawServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

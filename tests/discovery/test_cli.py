@@ -12,7 +12,7 @@ import json
 import subprocess
 
 import pytest
-from consul_testing import ScriptedServer, clean_env, consul_request, free_port, register, run_discovery, self_signed_cert
+from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, free_port, register, run_discovery, self_signed_cert
 
 from hvd_elastic.devagent import DevCluster
 
@@ -190,3 +190,45 @@ def test_tls_with_ca_file(tmp_path):
         request = urllib.request.Request(f"https://{addr}/v1/agent/service/register", data=json.dumps(register_tls).encode(), method="PUT")
         urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(cert)), timeout=10).read()
         assert run_discovery(env, "--ca-file", str(cert)).stdout == "localhost:1\n"
+
+
+HOSTS_JSON = b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "2"}}, "Checks": []}]'
+
+
+def _chunked(body: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "answer,keep_open",
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(HOSTS_JSON), HOSTS_JSON), True),  # stops at Content-Length
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON), False),
+        (b"HTTP/1.0 200 OK\r\n\r\n" + HOSTS_JSON, False),  # delimited by the end of the connection
+    ],
+)
+def test_transport_body_framings(tmp_path, answer, keep_open):
+    with RawServer(answer, keep_open=keep_open) as server:
+        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--timeout", "5")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "n1:2\n", "")
+
+
+@pytest.mark.parametrize(
+    "answer,needle",
+    [
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not an HTTP status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n[1, 2", "connection closed after 5 of 999 body bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n[]\r\n0\r\n\r\n", "bad chunk size"),
+        (b"", "connection closed without an answer"),
+    ],
+)
+def test_transport_bad_answers_print_nothing(tmp_path, answer, needle):
+    with RawServer(answer) as server:
+        assert_failed(run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--first-call-retry", "0"), 1, needle)
+
+
+def test_a_token_with_a_newline_is_bad_input_not_a_header_injection(tmp_path):
+    with ScriptedServer(lambda n: (200, b"[]")) as server:
+        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr, CONSUL_HTTP_TOKEN="abc\r\nX-Evil: 1"))
+        assert server.requests == []
+    assert result.returncode == 2 and "control characters" in result.stderr and "abc" not in result.stderr

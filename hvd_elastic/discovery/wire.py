@@ -1,0 +1,140 @@
+"""One HTTP GET over a socket, bounded by a deadline: the transport of discovery.
+
+Why not ``http.client``: importing it (and the ``email`` and ``ssl`` packages
+it pulls in) took about 40% of a discovery call's start-up, and horovodrun
+starts the script every second; ``benchmarks/discovery_speed.py`` holds the
+call to 5x ``python3 -c pass``.  The subset of HTTP/1.1 needed to read
+Consul's JSON answers is small and fully covered here: one request with
+``Connection: close``, a status line, headers, and a body delimited by
+``Content-Length``, chunked transfer coding, or the end of the connection.
+``ssl`` is imported only for ``https``.
+
+Contract: :func:`get` returns ``(status, headers, body)`` with header names in
+lower case, or raises ``TimeoutError`` (deadline passed), ``OSError``
+(connection, TLS), :class:`BadAnswer` (not HTTP, or cut short) or
+:class:`InvalidHeader`.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+_READ = 1 << 16
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+MAX_HEAD = 1 << 16  # status line and headers; Consul's are a few hundred bytes
+
+
+class InvalidHeader(Exception):
+    """A request header value would break the request (control characters)."""
+
+
+class BadAnswer(Exception):
+    """The peer's answer is not a complete HTTP response."""
+
+    def __init__(self, message: str, *, truncated: bool = False):
+        super().__init__(message)
+        self.truncated = truncated  # True when waiting and asking again may help
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (monotonic clock); TimeoutError when none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def get(host: str, port: int, target: str, headers: dict[str, str], deadline: float, ssl_context=None, server_hostname: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET ``target`` (path and query, already quoted) from ``host:port`` before ``deadline``."""
+    for name, value in headers.items():
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name + value):
+            raise InvalidHeader(f"header {name} contains control characters")
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"GET {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    sock = socket.create_connection((host, port), timeout=remaining(deadline))
+    try:
+        if ssl_context is not None:
+            sock.settimeout(remaining(deadline))
+            sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname or host)
+        sock.settimeout(remaining(deadline))
+        sock.sendall(request)
+        return _read_response(sock, deadline)
+    finally:
+        sock.close()
+
+
+def _read_response(sock: socket.socket, deadline: float) -> tuple[int, dict[str, str], bytes]:
+    buf = bytearray()
+    head_end = -1
+    status, headers, length = 0, {}, None
+    while True:
+        if head_end < 0:
+            head_end = buf.find(b"\r\n\r\n")
+            if head_end >= 0:
+                status, headers = _parse_head(bytes(buf[:head_end]))
+                length = _content_length(headers)
+            elif len(buf) > MAX_HEAD:
+                raise BadAnswer("no end of HTTP headers")
+        if length is not None and len(buf) - head_end - 4 >= length:
+            break  # complete: no need to wait for the server to close
+        sock.settimeout(remaining(deadline))
+        data = sock.recv(_READ)
+        if not data:
+            break
+        buf += data
+    if head_end < 0:
+        raise BadAnswer("not an HTTP response" if buf else "connection closed without an answer", truncated=not buf)
+    body = bytes(buf[head_end + 4:])
+    if length is not None:
+        if len(body) < length:
+            raise BadAnswer(f"connection closed after {len(body)} of {length} body bytes", truncated=True)
+        return status, headers, body[:length]
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return status, headers, _dechunk(body)
+    return status, headers, body
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit() or len(code) != 3:
+        raise BadAnswer(f"not an HTTP status line: {status_line[:80]!r}")
+    headers = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return int(code), headers
+
+
+def _content_length(headers: dict[str, str]) -> int | None:
+    if headers.get("transfer-encoding", "").lower() == "chunked" or "content-length" not in headers:
+        return None  # chunked wins over Content-Length (RFC 9112 6.3)
+    text = headers["content-length"]
+    if not text.isdigit():
+        raise BadAnswer(f"bad Content-Length {text[:40]!r}")
+    return int(text)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while True:
+        line_end = data.find(b"\r\n", pos)
+        if line_end < 0:
+            raise BadAnswer("chunked body cut short", truncated=True)
+        size_text = data[pos:line_end].split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size_text):
+            raise BadAnswer(f"bad chunk size {size_text[:20]!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            return bytes(out)
+        start = line_end + 2
+        if len(data) < start + size + 2:
+            raise BadAnswer("chunked body cut short", truncated=True)
+        out += data[start:start + size]
+        pos = start + size + 2
