@@ -17,6 +17,23 @@ A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
 * re-partitions the sampler and applies the :class:`BatchPolicy` after EVERY
   reset, including removal-only resets where Horovod skips ``sync``.
 
+Usage::
+
+    sampler = ExactlyOnceSampler(dataset, batch_size=32, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4,
+                        collate_fn=ExactlyOnceSampler.collate())
+    state = TrainingState(model=model, optimizer=optimizer, schedulers=[sched],
+                          scaler=scaler, sampler=sampler, epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            sampler.set_epoch(state.epoch)
+            for batch in loader:          # a new iterator after every reset
+                step(batch)               # batch is None: idle step (see sampler.py)
+                sampler.record_batch()    # this step is done on every rank
+                state.commit()
+
 Semantics follow Horovod's: ``commit() = save() + check_host_updates()``;
 ``restore()`` returns the live objects to the last commit; ``sync()`` makes
 every rank equal to rank 0 (and commits that locally, so a rank that joined
