@@ -150,11 +150,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter without its ``import shutil`` (and bz2, lzma) on every run."""
+
+    def __init__(self, prog: str, **kwargs):
+        if kwargs.get("width") is None:
+            import os
+
+            columns = os.environ.get("COLUMNS", "")
+            if not columns.isdigit():
+                try:
+                    columns = os.get_terminal_size(sys.stdout.fileno()).columns
+                except OSError:
+                    columns = 80
+            kwargs["width"] = max(int(columns) - 2, 40)
+        super().__init__(prog, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``discovery/consul_hosts`` (no subcommand word)."""
     parser = argparse.ArgumentParser(
         prog="consul_hosts",
         description="Print healthy Consul hosts as host:slots lines for horovodrun --host-discovery-script.",
+        formatter_class=_HelpFormatter,
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

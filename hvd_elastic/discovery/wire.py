@@ -55,7 +55,9 @@ def get(host: str, port: int, target: str, headers: dict[str, str], deadline: fl
     lines = [f"GET {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    sock = socket.create_connection((host, port), timeout=remaining(deadline))
+    # An ASCII host as bytes skips the idna codec's import (unicodedata, stringprep).
+    dial = host.encode("ascii") if host.isascii() else host
+    sock = socket.create_connection((dial, port), timeout=remaining(deadline))
     try:
         if ssl_context is not None:
             sock.settimeout(remaining(deadline))
