@@ -1,17 +1,26 @@
 """What durable checkpoints add to the commit path and to training throughput.
 
-Measured in one run, on one process (checkpoints are written by rank 0 alone):
+One process (checkpoints are written by rank 0 alone; ``hvd.init()`` without a
+launcher gives a world of one), a TrainingState over an MLP with Adam, measured
+in one run:
 
-* commit copy     -- the baseline: ``copy_`` of the committed bytes (model + Adam state)
-                     into preallocated buffers, which is what a commit costs;
-* due commit      -- ``CheckpointManager.commit`` when a checkpoint is due: the staging
-                     copy into reused buffers plus handing it to the writer thread;
-* idle commit     -- ``CheckpointManager.commit`` when no checkpoint is due;
+* plain commit    -- ``state.commit()`` with no checkpointing: the baseline;
+* due commit, copy on commit path -- ``state.commit()`` when the checkpoint listener
+                     finds a write due and copies the snapshot into reused staging
+                     buffers before handing it to the writer thread;
+* due commit, copy in writer -- the same, but the writer thread takes the copy under
+                     ``state.snapshot_lock`` (what ``hvd_elastic.run`` does): the commit
+                     path only hands over, and the NEXT commit (after a training
+                     step) waits for the lock if the copy is not done yet;
+* idle commit     -- ``CheckpointManager.commit`` when nothing is due;
 * background write -- seconds and MB/s of the writer thread (serialise, sha256, fsync);
-* throughput      -- training steps/s with a commit every step, with and without a
-                     checkpoint every ``--every`` commits (the writer competes for CPU).
+* throughput      -- training steps/s with a commit every step: without
+                     checkpoints, and with a checkpoint every ``--every`` commits
+                     copying on the commit path or in the writer (the writer
+                     competes for CPU); runs are interleaved so load drift hits all
+                     alike.
 
-    python benchmarks/checkpoint_commit.py [--params 4000000] [--steps 60] [--rounds 5] [--every 20]
+    python benchmarks/checkpoint_commit.py [--params 4000000] [--steps 60] [--every 20]
 """
 
 from __future__ import annotations
@@ -25,54 +34,29 @@ from pathlib import Path
 
 import torch
 
+import horovod.torch as hvd
+
 from hvd_elastic.training.checkpoint import CheckpointManager
+from hvd_elastic.training.state import TrainingState
+
+WIDTH = 1024
 
 
-def build(params: int, width: int = 1024) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    depth = max(1, params // (width * width))
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+def build(params: int) -> TrainingState:
+    depth = max(1, params // (WIDTH * WIDTH))
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(depth)])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    step(model, optimizer, width)  # materialise Adam's state
-    return model, optimizer
+    state = TrainingState(model=model, optimizer=optimizer, step=0)
+    train_step(state)  # materialise Adam's state
+    state.commit()
+    return state
 
 
-def step(model, optimizer, width: int, batch: int = 32) -> None:
-    optimizer.zero_grad()
-    model(torch.randn(batch, width)).square().mean().backward()
-    optimizer.step()
-
-
-def live_tensors(model, optimizer) -> dict:
-    snap = {"model": model.state_dict(), "optimizer": {}}
-    for i, st in enumerate(optimizer.state.values()):
-        snap["optimizer"][i] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
-    return snap
-
-
-def flat(tree) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    return [t for v in tree.values() for t in flat(v)]
-
-
-class Committer:
-    """The baseline commit: copy_ into buffers allocated once."""
-
-    def __init__(self, live: dict) -> None:
-        self.live = flat(live)
-        self.committed = [t.detach().clone() for t in self.live]
-        self._tree = _rebuild(live, iter(self.committed))
-
-    def commit(self) -> dict:
-        for dst, src in zip(self.committed, self.live):
-            dst.copy_(src)
-        return self._tree
-
-
-def _rebuild(tree, it):
-    if isinstance(tree, torch.Tensor):
-        return next(it)
-    return {k: _rebuild(v, it) for k, v in tree.items()}
+def train_step(state: TrainingState, batch: int = 32) -> None:
+    state.optimizer.zero_grad()
+    state.model(torch.randn(batch, WIDTH)).square().mean().backward()
+    state.optimizer.step()
+    state.step += 1
 
 
 def timed(fn, repeat: int) -> list[float]:
@@ -84,76 +68,111 @@ def timed(fn, repeat: int) -> list[float]:
     return out
 
 
+class Checkpointing:
+    """The listener the run decorator installs, with a switch."""
+
+    def __init__(self, state: TrainingState) -> None:
+        self.state, self.manager, self.enabled = state, None, False
+        state.add_listener(self)
+
+    def __call__(self, event: str, fields: dict) -> None:
+        if self.enabled and event == "commit":
+            self.manager.commit(self.state.snapshot, step=self.state.step, commit_count=fields["commit_count"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=4_000_000, help="model parameters (default 4M)")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per throughput loop")
-    parser.add_argument("--every", type=int, default=20, help="checkpoint every N commits in the loop")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per throughput run")
+    parser.add_argument("--every", type=int, default=20, help="checkpoint every N commits in the throughput runs")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved throughput rounds")
     parser.add_argument("--repeat", type=int, default=15, help="samples of each commit timing")
-    parser.add_argument("--dir", help="checkpoint directory (default: a temporary one)")
+    parser.add_argument("--dir", help="parent of the checkpoint directory (default: the system temp dir)")
     parser.add_argument("--json", help="result file (default benchmarks/results/checkpoint_commit.json)")
     args = parser.parse_args()
+    hvd.init()
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    model, optimizer = build(args.params)
-    committer = Committer(live_tensors(model, optimizer))
-    nbytes = sum(t.numel() * t.element_size() for t in committer.committed)
+    state = build(args.params)
+    listener = Checkpointing(state)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        mgr = CheckpointManager(Path(tmp) / "due", every_commits=1, keep_last=2)
-        copy_s = timed(committer.commit, args.repeat)
-        snap = committer.commit()
-        due_s, write_s = [], []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            assert mgr.commit(snap, step=0)
-            due_s.append(time.perf_counter() - t0)
-            mgr.flush()
-            write_s.append(time.perf_counter() - t0)
-        idle = CheckpointManager(Path(tmp) / "idle", every_commits=10**9)
-        idle_s = timed(lambda: idle.commit(snap), args.repeat * 20)
-        mgr.close()
-        idle.close()
+        def manager(name: str, every: int = 1, locked: bool = True) -> CheckpointManager:
+            return CheckpointManager(Path(tmp) / name, every_commits=every, keep_last=2,
+                                     lock=state.snapshot_lock if locked else None)
 
-        def loop(every: int | None) -> float:
-            ckpt = CheckpointManager(Path(tmp) / f"loop-{every}", every_commits=every, keep_last=2) if every else None
+        # Interleaved: plain commit, due commit copying on the commit path, due
+        # commit copying in the writer and the commit after the next training step
+        # (which may wait for the copy); each followed by a flush so every due
+        # commit finds the writer idle.
+        on_path, in_writer = manager("on-path", locked=False), manager("in-writer")
+        plain_s, on_path_s, handoff_s, next_s, write_s = [], [], [], [], []
+        for _ in range(args.repeat):
+            listener.enabled = False
+            train_step(state)
+            plain_s += timed(state.commit, 1)
+            listener.enabled, listener.manager = True, on_path
+            on_path_s += timed(state.commit, 1)
             t0 = time.perf_counter()
-            for i in range(args.steps):
-                step(model, optimizer, 1024)
-                snapshot = committer.commit()
-                if ckpt is not None:
-                    ckpt.commit(snapshot, step=i)
+            on_path.flush()
+            write_s.append(time.perf_counter() - t0)
+            listener.manager = in_writer
+            handoff_s += timed(state.commit, 1)
+            listener.enabled = False
+            train_step(state)
+            next_s += timed(state.commit, 1)
+            in_writer.flush()
+        listener.enabled = False
+        nbytes = in_writer.load_latest().manifest["bytes"]
+        on_path.close()
+        in_writer.close()
+        never = manager("idle", every=10**9)
+        idle_s = timed(lambda: never.commit(state.snapshot), args.repeat * 20)
+        never.close()
+
+        def run(every: int | None, locked: bool = True) -> float:
+            listener.manager = manager("loop", every=every or 1, locked=locked)
+            listener.enabled = every is not None
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                train_step(state)
+                state.commit()
             elapsed = time.perf_counter() - t0
-            if ckpt is not None:
-                ckpt.close()
+            listener.manager.close()
             return args.steps / elapsed
 
-        loop(None)  # warm-up
-        # Interleaved, so drift in machine load hits both alike.
-        runs = [(loop(None), loop(args.every)) for _ in range(args.rounds)]
-        plain = statistics.median(p for p, _ in runs)
-        with_ckpt = statistics.median(c for _, c in runs)
+        run(None)  # warm-up
+        runs = [(run(None), run(args.every, locked=False), run(args.every)) for _ in range(args.rounds)]
+        plain, with_on_path, with_in_writer = (statistics.median(r[i] for r in runs) for i in range(3))
 
-    copy_ms = statistics.median(copy_s) * 1e3
-    due_ms = statistics.median(due_s) * 1e3
+    plain_ms = statistics.median(plain_s) * 1e3
+    on_path_ms = statistics.median(on_path_s) * 1e3
+    handoff_ms = statistics.median(handoff_s) * 1e3
+    next_ms = statistics.median(next_s) * 1e3
     write = statistics.median(write_s)
     result = {
-        "params": args.params, "snapshot_bytes": nbytes,
-        "commit_copy_ms": copy_ms, "due_commit_ms": due_ms, "due_over_copy": due_ms / copy_ms,
+        "params": args.params, "checkpoint_bytes": nbytes,
+        "plain_commit_ms": plain_ms,
+        "due_commit_copy_on_path_ms": on_path_ms, "on_path_over_plain": on_path_ms / plain_ms,
+        "due_commit_copy_in_writer_ms": handoff_ms, "in_writer_over_plain": handoff_ms / plain_ms,
+        "next_commit_after_in_writer_ms": next_ms, "next_over_plain": next_ms / plain_ms,
         "idle_commit_us": statistics.median(idle_s) * 1e6,
         "background_write_s": write, "write_mb_per_s": nbytes / write / 1e6,
-        "steps_per_s_plain": plain, "steps_per_s_checkpointing": with_ckpt,
-        "throughput_ratio": with_ckpt / plain, "checkpoint_every": args.every,
+        "steps_per_s_plain": plain, "steps_per_s_copy_on_path": with_on_path,
+        "steps_per_s_copy_in_writer": with_in_writer, "throughput_ratio_on_path": with_on_path / plain,
+        "throughput_ratio_in_writer": with_in_writer / plain, "checkpoint_every": args.every,
     }
     rows = [
-        ("snapshot size", f"{nbytes / 1e6:.1f} MB"),
-        ("commit copy_ (baseline)", f"{copy_ms:.2f} ms"),
-        ("due commit (staging copy)", f"{due_ms:.2f} ms  ({result['due_over_copy']:.2f}x baseline)"),
-        ("idle commit", f"{result['idle_commit_us']:.1f} us"),
+        ("checkpoint size", f"{nbytes / 1e6:.1f} MB"),
+        ("plain commit (baseline)", f"{plain_ms:.2f} ms"),
+        ("due commit, copy on commit path", f"{on_path_ms:.2f} ms  ({result['on_path_over_plain']:.2f}x baseline)"),
+        ("due commit, copy in writer (run)", f"{handoff_ms:.2f} ms  ({result['in_writer_over_plain']:.2f}x baseline)"),
+        ("  next commit, after a step", f"{next_ms:.2f} ms  ({result['next_over_plain']:.2f}x baseline)"),
+        ("commit with nothing due (listener)", f"{result['idle_commit_us']:.1f} us"),
         ("background write", f"{write:.3f} s  ({result['write_mb_per_s']:.0f} MB/s)"),
         ("steps/s, commit every step", f"{plain:.2f}"),
-        (f"steps/s, + checkpoint every {args.every}", f"{with_ckpt:.2f}  ({result['throughput_ratio']:.3f}x)"),
+        (f"  + checkpoint every {args.every}, copy on path", f"{with_on_path:.2f}  ({with_on_path / plain:.3f}x)"),
+        (f"  + checkpoint every {args.every}, copy in writer", f"{with_in_writer:.2f}  ({with_in_writer / plain:.3f}x)"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -15,11 +15,14 @@ new one, never a torn file under a final name.
 
 Contracts:
 
-* Writing never blocks training for longer than a copy of the snapshot into reused
-  staging buffers (:meth:`CheckpointManager.commit`); serialisation, hashing and
-  I/O happen in one background thread.  At most one write is in flight: a
-  checkpoint that falls due while the writer is busy is taken at the first commit
-  after it is idle again.
+* Training never waits for serialisation, hashing or I/O: they happen in one
+  background thread, from a private copy of the snapshot in staging buffers that
+  are reused from one checkpoint to the next.  The copy is taken on the commit
+  path (:meth:`CheckpointManager.commit`), or, when the manager is given the
+  committer's ``lock``, by the writer thread while holding that lock, so the
+  commit path only hands over and the next commit waits only if it comes before
+  the copy is done.  At most one write is in flight: a checkpoint that falls due
+  while the writer is busy is taken at the first commit after it is idle again.
 * A write error never raises into training.  It is logged, reported to the
   ``on_event`` callback as ``checkpoint_error``, the temporary file is removed
   and the existing checkpoints are kept.
@@ -90,6 +93,12 @@ class CheckpointManager:
         on_event: called as ``on_event(name, fields)`` for ``checkpoint``,
             ``checkpoint_error`` and ``checkpoint_skipped``; may be called from the
             writer thread.
+        lock: the lock the committer holds while it overwrites the committed
+            snapshot (``TrainingState.snapshot_lock``).  With it, snapshots passed
+            as callables are called and copied in the writer thread under the lock.
+        describe: ``describe(snapshot) -> dict`` of manifest fields read from the
+            copied snapshot itself (they override ``meta``), so the manifest matches
+            the payload even when the background copy caught a later commit.
     """
 
     def __init__(
@@ -100,6 +109,8 @@ class CheckpointManager:
         every_seconds: float | None = None,
         keep_last: int = 3,
         on_event: EventCallback | None = None,
+        lock: Any = None,
+        describe: Callable[[Any], dict] | None = None,
     ) -> None:
         if every_commits is not None and (not isinstance(every_commits, int) or every_commits < 1):
             raise ValueError(f"every_commits must be a positive integer or None, got {every_commits!r}")
@@ -113,6 +124,8 @@ class CheckpointManager:
         self.every_seconds = every_seconds
         self.keep_last = keep_last
         self._on_event = on_event
+        self._lock = lock
+        self._describe = describe
 
         self._commits_since_write = 0
         self._last_write_started = time.monotonic()
@@ -133,10 +146,10 @@ class CheckpointManager:
         """Count one commit and start a background write if a checkpoint is due.
 
         ``snapshot`` is the committed state (or a callable returning it, called only
-        when a write starts).  It is copied into staging buffers before this returns,
-        so the caller may overwrite it afterwards.  ``meta`` (step, epoch,
-        commit_count, world_size, ...) goes into the manifest.  Returns True when a
-        write was started.
+        when a write starts).  Without a ``lock`` it is copied into staging buffers
+        before this returns, so the caller may overwrite it afterwards.  ``meta``
+        (step, epoch, commit_count, world_size, ...) goes into the manifest.  Call
+        from the committing thread.  Returns True when a write was started.
         """
         self._commits_since_write += 1
         if not self._due():
@@ -185,14 +198,16 @@ class CheckpointManager:
         return False
 
     def _submit(self, snapshot: Any, meta: dict) -> None:
-        if callable(snapshot):
-            snapshot = snapshot()
-        # The writer is idle here, so the staging buffers are free to overwrite.
-        self._staging = _stage(snapshot, self._staging)
+        if self._lock is None:
+            # The writer is idle here, so the staging buffers are free to overwrite.
+            self._staging = _stage(snapshot() if callable(snapshot) else snapshot, self._staging)
+            snapshot = self._staging
+        elif not callable(snapshot):
+            raise TypeError("with a lock, pass the snapshot as a callable, so it is read under the lock")
         self._commits_since_write = 0
         self._last_write_started = time.monotonic()
         with self._cond:
-            self._pending = (self._staging, dict(meta))
+            self._pending = (snapshot, dict(meta))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._writer_loop, name="hvd-elastic-checkpoint", daemon=True)
                 self._thread.start()
@@ -221,6 +236,11 @@ class CheckpointManager:
         payload_name = "ckpt-?.pt"
         temps: list[Path] = []
         try:
+            if self._lock is not None:
+                with self._lock:
+                    self._staging = snapshot = _stage(snapshot(), self._staging)
+            if self._describe is not None:
+                meta = {**meta, **self._describe(snapshot)}
             seq = self._next_sequence()
             payload_name = f"ckpt-{seq:08d}-{secrets.token_hex(4)}.pt"
             manifest_name = f"ckpt-{seq:08d}.json"

@@ -80,12 +80,15 @@ class RunConfig:
         if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
             raise ValueError("checkpoint_every_commits/checkpoint_every_seconds need a checkpoint_dir")
 
-    def checkpoint_manager(self, on_event: Callable[[str, dict], None]) -> CheckpointManager | None:
+    def checkpoint_manager(self, state, on_event: Callable[[str, dict], None]) -> CheckpointManager | None:
+        """The manager for ``state``: copies are taken in the writer thread under the
+        state's ``snapshot_lock`` when it has one (TrainingState does)."""
         if self.checkpoint_dir is None:
             return None
         return CheckpointManager(self.checkpoint_dir, every_commits=self.checkpoint_every_commits,
                                  every_seconds=self.checkpoint_every_seconds, keep_last=self.keep_last,
-                                 on_event=on_event)
+                                 on_event=on_event, lock=getattr(state, "snapshot_lock", None),
+                                 describe=_describe_snapshot)
 
 
 def run(func: Callable | None = None, /, *, config: RunConfig | None = None, **settings: Any):
@@ -123,7 +126,7 @@ class _Session:
         self._size = hvd.size()
         self._host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
         self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
-        self.checkpoints = config.checkpoint_manager(on_event=self._emit_from_writer)
+        self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
         self._last_checkpoint_commit: int | None = None
         self._host_updates = HostUpdateResult.no_update
         self._pending_reset: dict | None = None
@@ -248,3 +251,11 @@ class _Session:
         if self.events is not None:
             self.events.emit(event, **fields)
 
+
+
+def _describe_snapshot(snapshot: Any) -> dict:
+    """Manifest fields read from a TrainingState snapshot: the step and epoch it holds."""
+    values = snapshot.get("values") if isinstance(snapshot, dict) else None
+    if not isinstance(values, dict):
+        return {}
+    return {key: values[key] for key in ("step", "epoch") if key in values}

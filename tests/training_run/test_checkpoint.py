@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -87,6 +88,25 @@ def test_commit_writes_every_n_commits_from_a_private_copy(ckpt_dir):
     assert ckpt.manifest["step"] == 6
     assert torch.equal(ckpt.snapshot["model"]["weight"], torch.full((4, 3), 6.0))
     assert ckpt.snapshot["values"]["step"] == 6
+
+
+def test_with_the_committers_lock_the_copy_is_taken_in_the_writer(ckpt_dir):
+    """The commit path only hands over; the writer copies under the lock, and the
+    manifest describes the snapshot it actually copied."""
+    lock = threading.Lock()
+    committed = snapshot(1)
+    mgr = CheckpointManager(ckpt_dir, every_commits=1, lock=lock,
+                            describe=lambda snap: {"step": snap["values"]["step"]})
+    with lock:  # the committer is busy overwriting its buffers
+        assert mgr.commit(lambda: committed, step=1)  # returns at once, lock still held here
+        committed["model"]["weight"].fill_(2.0)  # a later commit lands first
+        committed["values"]["step"] = 2
+    mgr.close()
+    ckpt = mgr.load_latest()
+    assert ckpt.manifest["step"] == 2
+    assert torch.equal(ckpt.snapshot["model"]["weight"], torch.full((4, 3), 2.0))
+    with pytest.raises(TypeError, match="callable"):
+        CheckpointManager(ckpt_dir, every_commits=1, lock=lock).commit(committed)
 
 
 def test_commit_writes_by_elapsed_time(ckpt_dir):
