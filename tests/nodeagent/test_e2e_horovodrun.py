@@ -27,7 +27,7 @@ WORKER = Path(__file__).parent / "worker_sizes.py"
 
 def test_membership_follows_consul(cluster, node_agents, tmp_path):
     local, other = cluster.addr("localhost"), cluster.addr("127.0.0.1")
-    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=local)
+    env = clean_env(tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local)
     agent_args = ("--slots", "1", "--ttl", "2", "--interval", "0.3")
     node_agents.start(local, *agent_args, name="localhost")
 
@@ -70,6 +70,9 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
             job.wait()
         log.close()
 
+    # Discovery recognised the job's first call: one marker, keyed by the horovodrun process.
+    markers = os.listdir(env["HVD_ELASTIC_DISCOVERY_STATE_DIR"])
+    assert len(markers) == 1 and markers[0].startswith(f"{job.pid}-"), markers
     horovod_log = (tmp_path / "horovodrun.log").read_text()[-4000:]
     rows = read_rows(tmp_path)
     assert rank0_sequence(rows) == [2, 1, 2, 1, 2], horovod_log
