@@ -23,6 +23,7 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -42,7 +43,7 @@ def start_agent(nodes: int, workdir: Path) -> tuple[subprocess.Popen, dict[str, 
     names = ",".join(f"node{i}" for i in range(nodes))
     proc = subprocess.Popen(
         [str(VENV_BIN / "hvd-elastic"), "--log-level", "WARNING", "consul-dev", "--nodes", names, "--http-port", "0", "--ready-file", str(ready)],
-        start_new_session=True,
+        stdout=subprocess.DEVNULL, start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text().strip():
@@ -75,10 +76,14 @@ def register(addresses: dict[str, str], instances: int) -> None:
         assert status == 200, answer
 
 
-def wall(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+def wall(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall seconds, CPU seconds of the child, result) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, start_new_session=True)
-    return time.perf_counter() - start, result
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), result
 
 
 def measure(args: argparse.Namespace, addr: str, workdir: Path) -> dict:
@@ -91,16 +96,18 @@ def measure(args: argparse.Namespace, addr: str, workdir: Path) -> dict:
         "hvd-elastic discover": [str(VENV_BIN / "hvd-elastic"), "discover", "--host-name", "service-address"],
     }
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
     for name, cmd in commands.items():  # warm the page cache; check the output once
-        _, result = wall(cmd, env)
+        _, _, result = wall(cmd, env)
         if name != "python3 -c pass":
             lines = result.stdout.splitlines()
             assert result.returncode == 0 and len(lines) == args.instances, (result.returncode, len(lines), result.stderr[-500:])
     for _ in range(args.runs):  # interleaved, so load changes hit every command alike
         for name, cmd in commands.items():
-            elapsed, result = wall(cmd, env)
+            elapsed, cpu_s, result = wall(cmd, env)
             assert result.returncode == 0, result.stderr
             times[name].append(elapsed)
+            cpu[name].append(cpu_s)
 
     agent_times, size = [], 0
     for _ in range(args.runs):
@@ -119,6 +126,8 @@ def measure(args: argparse.Namespace, addr: str, workdir: Path) -> dict:
         "health_response_bytes": size,
         "median_s": medians,
         "p90_s": {name: statistics.quantiles(values, n=10)[-1] for name, values in times.items()},
+        # CPU time of the child alone: less sensitive to other load on the machine than wall time.
+        "cpu_median_s": {name: statistics.median(values) for name, values in cpu.items()},
         "agent_answer_median_s": statistics.median(agent_times),
         "ratio_consul_hosts_vs_python_pass": medians["discovery/consul_hosts"] / baseline,
         "ratio_hvd_elastic_discover_vs_python_pass": medians["hvd-elastic discover"] / baseline,
@@ -148,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(timeout=30)
 
     print(f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer), {result['runs']} runs each")
-    print(f"{'command':<28}{'median ms':>11}{'p90 ms':>9}{'x python3 -c pass':>19}")
+    print(f"{'command':<28}{'median ms':>11}{'p90 ms':>9}{'x python3 -c pass':>19}{'CPU ms':>8}{'CPU x':>7}")
     base = result["median_s"]["python3 -c pass"]
+    cpu_base = result["cpu_median_s"]["python3 -c pass"]
     for name, median in result["median_s"].items():
-        print(f"{name:<28}{median * 1e3:>11.1f}{result['p90_s'][name] * 1e3:>9.1f}{median / base:>19.2f}")
+        cpu_ms = result["cpu_median_s"][name]
+        print(f"{name:<28}{median * 1e3:>11.1f}{result['p90_s'][name] * 1e3:>9.1f}{median / base:>19.2f}{cpu_ms * 1e3:>8.1f}{cpu_ms / cpu_base:>7.2f}")
     print(f"{'(agent answer, in-process)':<28}{result['agent_answer_median_s'] * 1e3:>11.1f}")
     verdict = "meets" if result["meets_target"] else "MISSES"
     print(f"consul_hosts / python3 -c pass = {result['ratio_consul_hosts_vs_python_pass']:.2f} ({verdict} the <= 5x target)")
