@@ -204,3 +204,13 @@ def test_node_agent_drain_and_status_over_tls(node_agents, tmp_path):
         untrusted = dict(env, CONSUL_CACERT="")
         result = hvd(untrusted, "undrain")
         assert result.returncode == 1 and result.stderr.count("\n") == 1 and "certificate verify failed" in result.stderr, result.stderr
+
+
+def test_agent_started_before_consul_registers_once_consul_is_up(cluster, node_agents, tmp_path):
+    addr = cluster.addr("127.0.0.1")
+    cluster.stop_node("127.0.0.1")
+    agent = node_agents.start(addr, "--slots", "2", "--ttl", "3", "--interval", "0.3")
+    wait_until(lambda: "cannot reach Consul agent" in node_agents.log(agent), what="the agent to notice Consul is down")
+    assert agent.poll() is None  # waiting, not dead
+    cluster.start_node("127.0.0.1")
+    wait_until(lambda: run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)).stdout == "127.0.0.1:2\n", what="registration once Consul is up")
