@@ -112,12 +112,7 @@ class CheckpointManager:
         lock: Any = None,
         describe: Callable[[Any], dict] | None = None,
     ) -> None:
-        if every_commits is not None and (not isinstance(every_commits, int) or every_commits < 1):
-            raise ValueError(f"every_commits must be a positive integer or None, got {every_commits!r}")
-        if every_seconds is not None and not every_seconds > 0:
-            raise ValueError(f"every_seconds must be a positive number of seconds or None, got {every_seconds!r}")
-        if not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
+        check_policy(every_commits, every_seconds, keep_last)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.every_commits = every_commits
@@ -390,6 +385,16 @@ class CheckpointManager:
                 _unlink_quietly(self.directory / name)
                 removed.append(self.directory / name)
         return removed
+
+
+def check_policy(every_commits: int | None, every_seconds: float | None, keep_last: int) -> None:
+    """Raise ValueError naming the first bad checkpoint setting."""
+    if every_commits is not None and (not isinstance(every_commits, int) or every_commits < 1):
+        raise ValueError(f"every_commits must be a positive integer or None, got {every_commits!r}")
+    if every_seconds is not None and not (isinstance(every_seconds, (int, float)) and every_seconds > 0):
+        raise ValueError(f"every_seconds must be a positive number of seconds or None, got {every_seconds!r}")
+    if not isinstance(keep_last, int) or keep_last < 1:
+        raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
 
 
 class _Invalid(Exception):

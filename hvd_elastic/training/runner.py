@@ -47,10 +47,13 @@ from horovod.common.elastic import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
-from hvd_elastic.training.checkpoint import CheckpointManager
+from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training.events import EventLog, describe_error
 
 log = logging.getLogger(__name__)
+
+# What checkpointing needs from the state (TrainingState has all of it).
+_CHECKPOINT_STATE_API = ("snapshot", "load_snapshot", "add_listener")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
             raise ValueError("checkpoint_every_commits/checkpoint_every_seconds need a checkpoint_dir")
+        check_policy(self.checkpoint_every_commits, self.checkpoint_every_seconds, self.keep_last)
 
     def checkpoint_manager(self, state, on_event: Callable[[str, dict], None]) -> CheckpointManager | None:
         """The manager for ``state``: copies are taken in the writer thread under the
@@ -120,14 +124,21 @@ class _Session:
     def __init__(self, config: RunConfig, state) -> None:
         if not hvd.is_initialized():
             hvd.init()
+        if config.checkpoint_dir is not None:
+            missing = [m for m in _CHECKPOINT_STATE_API if not callable(getattr(state, m, None))]
+            if missing:
+                raise TypeError(f"checkpoint_dir needs a state with {', '.join(_CHECKPOINT_STATE_API)} "
+                                f"(hvd_elastic.TrainingState); {type(state).__name__} lacks {', '.join(missing)}")
         self.config = config
         self.state = state
+        self._active = True  # listeners of a finished call go quiet (states keep their listeners)
         self._rank = hvd.rank()
         self._size = hvd.size()
         self._host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
         self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
         self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
-        self._last_checkpoint_commit: int | None = None
+        # Only commits made during this call need a checkpoint at exit.
+        self._last_checkpoint_commit = getattr(state, "commit_count", None)
         self._host_updates = HostUpdateResult.no_update
         self._pending_reset: dict | None = None
         self._entries = 0
@@ -135,12 +146,14 @@ class _Session:
     # -------------------------------------------------------------- the call
 
     def run(self, fn: Callable, *args, **kwargs):
-        self._resume()
-        self.state.add_listener(self._on_state_event)
         elastic = is_elastic_launch()
         if elastic:
             notification_manager.register_listener(self)
         try:
+            self._resume()
+            add_listener = getattr(self.state, "add_listener", None)
+            if add_listener is not None:  # Horovod's own states have none: resets are still logged
+                add_listener(self._on_state_event)
             inner = functools.partial(self._call, fn)
             if elastic:
                 result = hvd.elastic.run(inner)(self.state, *args, **kwargs)
@@ -153,6 +166,7 @@ class _Session:
             self._emit("abort", error=describe_error(exc))
             raise
         finally:
+            self._active = False
             if elastic:
                 notification_manager.remove_listener(self)
             if self.checkpoints is not None:
@@ -200,13 +214,16 @@ class _Session:
     def _finish(self) -> None:
         self._refresh_rank()
         if (self.checkpoints is not None and self.config.checkpoint_on_exit and self._rank == 0
-                and self.state.commit_count != self._last_checkpoint_commit):
+                and (self.state.commit_count != self._last_checkpoint_commit
+                     or self.checkpoints.last_error is not None)):
             self.checkpoints.save(self.state.snapshot, **self._manifest_meta())
         self._emit("finish", commit_count=self.state.commit_count)
 
     # -------------------------------------------------------------- listeners
 
     def _on_state_event(self, event: str, fields: dict) -> None:
+        if not self._active:
+            return
         self._refresh_rank()
         if event == "commit" and self.checkpoints is not None and self._rank == 0:
             meta = self._manifest_meta()
