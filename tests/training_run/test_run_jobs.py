@@ -157,7 +157,7 @@ def test_whole_job_loss_resumes_from_the_last_durable_checkpoint(reference, tmp_
     job = Job(tmp_path, horovodrun_elastic(hosts))
     try:
         # 1. Kill everything at a random step after the first checkpoint.
-        kill_step = random.randint(8, 30)
+        kill_step = random.randint(8, 25)  # leaves room for phase 2's two checkpoints
         job.start()
         job.wait_until(f"step {kill_step}", lambda: job.progress()["step"] >= kill_step)
         job.kill()
@@ -246,8 +246,10 @@ def test_elastic_resets_are_logged_with_reason_and_sizes(tmp_path):
         job.kill()
     events = EventLog.read(job.events)
     resets = [e for e in events if e["event"] == "reset"]
-    assert [(e["reason"], e["old_size"], e["new_size"]) for e in resets] == [
-        ("hosts_updated", 2, 3), ("internal_error", 3, 2)], resets
+    sizes = [(e["reason"], e["old_size"], e["new_size"]) for e in resets]
+    # Blacklisting 127.0.0.1 may reach rank 0 later as a removal: a 2 -> 2 reset.
+    assert sizes[:2] == [("hosts_updated", 2, 3), ("internal_error", 3, 2)], resets
+    assert all(s == ("hosts_updated", 2, 2) for s in sizes[2:]), resets
     assert resets[0]["hosts"] == "added"
     assert resets[1]["message"].startswith("HorovodInternalError")
     names = [e["event"] for e in events]
