@@ -45,7 +45,11 @@ def _request(config: ConsulConfig, target: str, deadline: float) -> tuple[int, d
     if config.token:
         headers["X-Consul-Token"] = config.token
     try:
-        return wire.get(config.host, config.port, target, headers, deadline, config.ssl_context(), config.tls_server_name)
+        ssl_context = config.ssl_context()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
+    try:
+        return wire.get(config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name)
     except wire.InvalidHeader:
         raise ConfigError("the Consul ACL token contains control characters (a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
