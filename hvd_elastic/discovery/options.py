@@ -29,7 +29,7 @@ def env_list(name: str) -> list[str]:
     return [item.strip() for item in (os.environ.get(name) or "").split(",") if item.strip()]
 
 
-def _argument_type(convert, accept, expected: str):
+def argument_type(convert, accept, expected: str):
     """An argparse ``type=``: ``convert(text)``, rejected unless ``accept(value)``."""
 
     def parse(text: str):
@@ -45,9 +45,9 @@ def _argument_type(convert, accept, expected: str):
     return parse
 
 
-positive_int = _argument_type(int, lambda v: v > 0, "a positive integer")
-positive_float = _argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
-non_negative_float = _argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
+positive_int = argument_type(int, lambda v: v > 0, "a positive integer")
+positive_float = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
+non_negative_float = argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
 
 
 def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +86,7 @@ __all__ = [
     "ConfigError",
     "DEFAULT_SERVICE",
     "add_consul_arguments",
+    "argument_type",
     "add_service_argument",
     "consul_config",
     "env",

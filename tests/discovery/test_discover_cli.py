@@ -160,6 +160,7 @@ def test_a_silent_consul_is_cut_off_by_the_timeout(tmp_path):
         (["--timeout", "0"], {}, "--timeout"),
         (["--max-slots-per-host", "-2"], {}, "--max-slots-per-host"),
         (["--host-name", "fqdn"], {}, "--host-name"),
+        ([], {"HVD_ELASTIC_HOST_NAME": "fqdn"}, "'fqdn' is not one of node, service-address, node-address"),
         ([], {"HVD_ELASTIC_DEFAULT_SLOTS": "zero"}, "--default-slots"),
         ([], {"CONSUL_HTTP_ADDR": "127.0.0.1:notaport"}, "CONSUL_HTTP_ADDR"),
         ([], {"CONSUL_HTTP_SSL": "maybe"}, "CONSUL_HTTP_SSL"),
