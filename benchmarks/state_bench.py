@@ -42,8 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--np", type=int, default=2, help="workers to launch (default 2)")
     p.add_argument("--width", type=int, default=4096, help="hidden width of the MLP (4096: ~26M parameters)")
     p.add_argument("--reps", type=int, default=7, help="repetitions of each commit/sync measurement")
-    p.add_argument("--steps", type=int, default=6, help="training steps per throughput round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved throughput rounds per variant")
+    p.add_argument("--steps", type=int, default=9, help="timed training steps per variant (interleaved)")
     p.add_argument("--batch", type=int, default=512, help="per-worker batch of the throughput loop")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     return p.parse_args(argv)
@@ -72,12 +71,14 @@ def mlp(width: int):
     )
 
 
-class Bench:
+class Setup:
+    """A model and its DistributedOptimizer, identical (same seed) in every setup."""
+
     def __init__(self, args: argparse.Namespace):
         import torch
         import horovod.torch as hvd
 
-        self.torch, self.hvd, self.args = torch, hvd, args
+        self.torch = torch
         torch.manual_seed(0)
         self.model = mlp(args.width)
         base = torch.optim.Adam(self.model.parameters(), lr=1e-4)
@@ -86,7 +87,6 @@ class Bench:
         self.y = torch.randint(0, 10, (args.batch,))
         for _ in range(2):  # Adam's moments exist from here on
             self.step()
-        self.barrier()
 
     def step(self) -> None:
         torch = self.torch
@@ -94,6 +94,24 @@ class Bench:
         loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
         loss.backward()
         self.optimizer.step()
+
+    def tensors(self) -> list:
+        tensors = list(self.model.state_dict().values())
+        for state in self.optimizer.state.values():
+            tensors += [v for v in state.values() if self.torch.is_tensor(v)]
+        return tensors
+
+
+class Bench:
+    """Each library gets its own copy of the model, so one's sync cannot disturb the other's."""
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+        import horovod.torch as hvd
+
+        self.torch, self.hvd, self.args = torch, hvd, args
+        self.plain, self.mine, self.other = Setup(args), Setup(args), Setup(args)
+        self.barrier()
 
     def barrier(self) -> None:
         self.hvd.allreduce(self.torch.zeros(1), name="bench.barrier")
@@ -118,19 +136,13 @@ class Bench:
                 times[name].append(self.slowest(time.perf_counter() - start))
         return {name: {"median": statistics.median(t), "best": min(t)} for name, t in times.items()}
 
-    def state_tensors(self) -> list:
-        tensors = [t for t in self.model.state_dict().values()]
-        for state in self.optimizer.state.values():
-            tensors += [v for v in state.values() if self.torch.is_tensor(v)]
-        return tensors
-
     def run(self) -> dict:
         torch, hvd = self.torch, self.hvd
         from hvd_elastic.training.state import TrainingState
 
-        tensors = self.state_tensors()
+        tensors = self.plain.tensors()
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        params = sum(p.numel() for p in self.model.parameters())
+        params = sum(p.numel() for p in self.plain.model.parameters())
 
         # commit ------------------------------------------------------------------------------
         copies = [torch.empty_like(t) for t in tensors]
@@ -139,8 +151,8 @@ class Bench:
             for dst, src in zip(copies, tensors):
                 dst.copy_(src)
 
-        ours = TrainingState(model=self.model, optimizer=self.optimizer, epoch=0)
-        theirs = hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer, epoch=0)
+        ours = TrainingState(model=self.mine.model, optimizer=self.mine.optimizer, epoch=0)
+        theirs = hvd.elastic.TorchState(model=self.other.model, optimizer=self.other.optimizer, epoch=0)
         results = self.timed({
             "copy_": plain_copy,
             "ours.save": ours.save,
@@ -159,21 +171,19 @@ class Bench:
         }))
         del flat
 
-        # throughput: a few steps per round, variants interleaved ----------------------------------
-        def loop(commit):
-            def steps():
-                for _ in range(self.args.steps):
-                    self.step()
-                    commit()
-            return steps
+        # throughput: one training step (+ commit) per sample, the variants alternating
+        # step by step so that bursts of load from other processes hit them alike.
+        def step_then(setup, commit):
+            def one_step():
+                setup.step()
+                commit()
+            return one_step
 
-        rounds = self.timed({
-            "loop": loop(lambda: None),
-            "ours.loop": loop(ours.commit),
-            "torchstate.loop": loop(theirs.commit),
-        }, reps=self.args.rounds)
-        for name, t in rounds.items():
-            results[name] = {k: v / self.args.steps for k, v in t.items()}
+        results.update(self.timed({
+            "loop": step_then(self.plain, lambda: None),
+            "ours.loop": step_then(self.mine, ours.commit),
+            "torchstate.loop": step_then(self.other, theirs.commit),
+        }, reps=self.args.steps))
 
         def ratio(a: str, b: str) -> dict[str, float]:
             return {k: results[a][k] / results[b][k] for k in ("median", "best")}

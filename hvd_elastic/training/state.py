@@ -157,7 +157,8 @@ class TrainingState(State):
         """Commit/restore/sync ``obj`` (a Module, an Optimizer, or anything with
         ``state_dict()``/``load_state_dict()``) under ``name`` from now on.
 
-        Registering after construction takes effect at the next commit.
+        Registering after construction takes effect at the next commit (a
+        restore before it leaves the object as it is).
         """
         if not name or "/" in name:
             raise ValueError(f"component name must be non-empty and contain no '/', got {name!r}")
@@ -213,7 +214,7 @@ class TrainingState(State):
         start = time.perf_counter()
         with self.snapshot_lock:
             buffer, meta = self._buffer, self._meta
-            done = self._unpack(buffer, meta, range(len(buffer.views)))
+            done = self._unpack(buffer, range(len(buffer.views)), self._targets(meta))
         self._load(buffer.as_dict(), meta, done=done)
         self._mark_clean()
         self._emit("restore", seconds=time.perf_counter() - start, bytes=buffer.layout.nbytes)
@@ -252,12 +253,13 @@ class TrainingState(State):
             layout = FlatLayout.parse(header["layout"])
             meta = header["meta"]
             done: set[str] = set()
+            targets = self._targets(meta)
             with self.snapshot_lock:
                 buffer = self._buffer_for(layout)
 
                 def unpack(indices: list[int]) -> None:
                     # Straight into the live tensors while the next bucket is on the wire.
-                    done.update(self._unpack(buffer, meta, indices))
+                    done.update(self._unpack(buffer, indices, targets))
 
                 nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
                                           unpack=unpack, bucket_bytes=self.bucket_bytes)
@@ -388,17 +390,21 @@ class TrainingState(State):
             named.extend(t for _, t in component.tensors())
         self._clean_versions = _versions(named)
 
-    def _unpack(self, buffer: FlatBuffer, meta: dict[str, Any], indices: Sequence[int]) -> set[str]:
-        """Copy committed tensors ``indices`` into live tensors that can take them in place.
-
-        Returns the keys copied; :meth:`_load` skips those and creates the rest
-        (optimizer state a rank does not have yet).
-        """
+    def _targets(self, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Live tensors that committed tensors (by full key) can be copied into in place."""
         targets: dict[str, torch.Tensor] = {}
         for name, component in self._components.items():
             if name in meta["components"]:
                 for key, tensor in component.targets(meta["components"][name]).items():
                     targets[f"{name}/{key}"] = tensor
+        return targets
+
+    def _unpack(self, buffer: FlatBuffer, indices: Sequence[int], targets: dict[str, torch.Tensor]) -> set[str]:
+        """Copy committed tensors ``indices`` into their ``targets`` where shapes and dtypes fit.
+
+        Returns the keys copied; :meth:`_load` skips those and creates the rest
+        (optimizer state a rank does not have yet).
+        """
         keys, dsts, srcs = [], [], []
         for i in indices:
             spec, view = buffer.layout.specs[i], buffer.views[i]
@@ -422,10 +428,10 @@ class TrainingState(State):
                 raise ValueError(f"committed state has tensors for unknown component {name!r}")
         component_meta = meta["components"]
         missing = set(self._components) - set(component_meta)
-        if missing and strict:
-            raise ValueError(f"committed state lacks components {sorted(missing)}")
         if missing:
-            log.warning("snapshot has no state for %s; keeping their live state", ", ".join(sorted(missing)))
+            # Registered after that state was committed (or absent from a snapshot).
+            log.log(logging.DEBUG if strict else logging.WARNING,
+                    "no committed state for %s; keeping their live state", ", ".join(sorted(missing)))
         for name, component in self._components.items():
             if name in component_meta:
                 prefix = name + "/"

@@ -51,8 +51,16 @@ def fingerprint(state):
         "scaler": state.scaler.state_dict(),
         "sampler": state.sampler.state_dict(),
         "values": {k: list(v) if isinstance(v, list) else v for k, v in state.values.items()},
-        "rng": (torch.rand(3), random.random()),
+        "rng": (torch.rand(3), random.random(), _numpy_random()),
     }
+
+
+def _numpy_random():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return float(numpy.random.random())
 
 
 def assert_same(a, b):
@@ -66,7 +74,7 @@ def assert_same(a, b):
             assert torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k]
     for key in ("lr", "sched", "scaler", "sampler", "values"):
         assert a[key] == b[key], key
-    assert torch.equal(a["rng"][0], b["rng"][0]) and a["rng"][1] == b["rng"][1]
+    assert torch.equal(a["rng"][0], b["rng"][0]) and a["rng"][1:] == b["rng"][1:]
 
 
 def test_restore_returns_everything_to_the_last_commit(hvd):
@@ -227,6 +235,9 @@ def test_register_extension_point(hvd):
     state = make()
     counter = Counter()
     state.register("counter", counter)
+    counter.n = 3
+    state.restore()  # registered after the last commit: left as it is
+    assert counter.n == 3
     counter.n = 5
     state.commit()
     counter.n = 9
@@ -269,3 +280,20 @@ def test_batch_policy_arithmetic():
         BatchPolicy("x")
     with pytest.raises(ValueError, match="global_batch_size must be a positive integer, got 0"):
         BatchPolicy.constant_global(0)
+
+
+def test_batch_policies_drive_sampler_and_accumulation(hvd):
+    from hvd_elastic.training.state import TrainingState
+
+    model = torch.nn.Linear(2, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    sampler = ExactlyOnceSampler(100, 4)
+    state = TrainingState(model=model, optimizer=opt, sampler=sampler, rng=False,
+                          batch_policy=BatchPolicy.accumulate(64, 8))
+    assert sampler.step_samples == 8 and state.accumulation_steps == 8
+    assert opt.backward_passes_per_step == 8
+    state.batch_policy = BatchPolicy.constant_global(24)
+    state.reset()
+    assert sampler.step_samples == 24 and state.accumulation_steps == 1
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
