@@ -133,7 +133,6 @@ class CheckpointManager:
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        atexit.register(self.close)
 
     # ------------------------------------------------------------------ writing
 
@@ -206,6 +205,7 @@ class CheckpointManager:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._writer_loop, name="hvd-elastic-checkpoint", daemon=True)
                 self._thread.start()
+                atexit.register(self.close)  # an interpreter exit finishes the write in flight
             self._cond.notify_all()
 
     def _writer_loop(self) -> None:

@@ -238,6 +238,21 @@ def test_disk_write_error_keeps_previous_checkpoint(ckpt_dir):
     assert not [n for n in files(ckpt_dir) if n.startswith(".tmp-")]
 
 
+def test_interpreter_exit_finishes_the_write_in_flight(ckpt_dir):
+    script = textwrap.dedent(f"""
+        import torch
+        from hvd_elastic.training.checkpoint import CheckpointManager
+        mgr = CheckpointManager({str(ckpt_dir)!r}, every_commits=1)
+        assert mgr.commit({{"w": torch.ones(10)}}, step=7)
+        # no close(): the process just ends while the (slowed) write is in flight
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=subprocess_env(**{WRITE_DELAY_ENV: "1"}),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ckpt = CheckpointManager(ckpt_dir).load_latest()
+    assert ckpt.manifest["step"] == 7 and torch.equal(ckpt.snapshot["w"], torch.ones(10))
+
+
 def test_kill_during_write_leaves_previous_checkpoint(ckpt_dir, caplog):
     """SIGKILL while the payload is in its temporary file: the old checkpoint stays
     valid and the leftovers are cleaned at the next start."""
