@@ -204,7 +204,14 @@ class TrainingState(State):
         seconds, nbytes = self._save(clean=True)
         self.commit_count += 1
         self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
-        self.check_host_updates()
+        super().check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` if hosts changed (collective, like Horovod's)."""
+        # Called on its own, between commits: the live state may have moved on
+        # in ways version counters miss, so the next sync copies it afresh.
+        self._clean_versions = None
+        super().check_host_updates()
 
     def save(self) -> None:
         self._save(clean=True)
@@ -223,11 +230,12 @@ class TrainingState(State):
         """Make every rank equal to rank 0's live state, and commit it locally.
 
         Collective: one ``broadcast_object`` (layout and small state) and a few
-        bucket broadcasts of the flat buffer.  When rank 0's tensors have not
-        been modified in place since its last commit, restore or sync
-        (PyTorch's version counters tell), it sends its committed copy as is.
-        Changes made through ``.data`` escape version counters: ``commit()``
-        after making them.
+        bucket broadcasts of the flat buffer.  When rank 0's tensors are still
+        those of its last commit, restore or sync (nothing but ``commit()``
+        checked for host updates since, and PyTorch's version counters did not
+        move), it sends its committed copy as is instead of copying them
+        again.  Changes made through ``.data`` escape version counters:
+        ``commit()`` after making them.
         """
         start = time.perf_counter()
         rank = hvd.rank()
@@ -380,7 +388,7 @@ class TrainingState(State):
             self._meta = meta
         # Only commit() vouches for the state: after construction the user may
         # still change weights in ways version counters miss (through .data).
-        self._clean_versions = _versions(live) if clean else None
+        self._clean_versions = self._trackable_versions(live) if clean else None
         return time.perf_counter() - start, buffer.layout.nbytes
 
     def _mark_clean(self) -> None:
@@ -388,7 +396,18 @@ class TrainingState(State):
         named: list[torch.Tensor] = []
         for component in self._components.values():
             named.extend(t for _, t in component.tensors())
-        self._clean_versions = _versions(named)
+        self._clean_versions = self._trackable_versions(named)
+
+    def _trackable_versions(self, live: Sequence[torch.Tensor]) -> tuple | None:
+        """Version counters of ``live``, or None when some writer bypasses them.
+
+        Fused optimizer kernels update parameters and moments without bumping
+        version counters; with one, sync always copies the live tensors.
+        """
+        optimizer = self.optimizer
+        if optimizer is not None and any(g.get("fused") for g in optimizer.param_groups):
+            return None
+        return _versions(live)
 
     def _targets(self, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Live tensors that committed tensors (by full key) can be copied into in place."""

@@ -186,6 +186,31 @@ def test_sync_on_rank_0_commits_its_live_state_changed_or_not(hvd):
         assert torch.equal(committed, state.model.state_dict()[key])
 
 
+def test_sync_copies_changes_version_counters_miss(hvd):
+    from hvd_elastic.training.state import TrainingState
+
+    # 1. a change through .data, then a check for host updates outside commit()
+    state = make()
+    train_step(state)
+    state.commit()
+    state.model[0].weight.data.add_(1.0)
+    state.check_host_updates()
+    state.sync()
+    committed = state.snapshot()["components"]["model"]["tensors"]["0.weight"]
+    assert torch.equal(committed, state.model[0].weight.detach())
+
+    # 2. a fused optimizer step, which bypasses version counters
+    model = torch.nn.Linear(3, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
+    state = TrainingState(model=model, optimizer=opt, rng=False)
+    state.commit()
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    state.sync()
+    committed = state.snapshot()["components"]["model"]["tensors"]["weight"]
+    assert torch.equal(committed, model.weight.detach())
+
+
 def test_load_snapshot_rejects_foreign_dicts(hvd):
     state = make()
     with pytest.raises(ValueError, match="not a TrainingState snapshot"):
