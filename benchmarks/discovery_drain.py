@@ -35,9 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "nodeagent"))  # the worker and its log reader
 
-from sizes_log import wait_for_size  # noqa: E402
-
-from hvd_elastic.devagent import DevCluster  # noqa: E402
+from discovery_speed import start_agent  # noqa: E402  (this folder)
+from sizes_log import SizesLog  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 WORKER = REPO / "tests" / "nodeagent" / "worker_sizes.py"
@@ -72,40 +71,43 @@ def stop_job(job: subprocess.Popen, workdir: Path) -> None:
 
 def rounds(job: subprocess.Popen, workdir: Path, n: int, leave, rejoin) -> list[float]:
     """Time ``leave()`` -> first step at size 1, ``n`` times; ``rejoin()`` in between."""
-    wait_for_size(workdir, 2, job, timeout=180)
+    sizes = SizesLog(workdir)
+    sizes.wait_for_size(2, job, timeout=180)
     times = []
     for _ in range(n):
         time.sleep(1.0)  # a steady world of two
         start = time.time()
         leave()
-        times.append(wait_for_size(workdir, 1, job, timeout=120, since=start) - start)
+        times.append(sizes.wait_for_size(1, job, timeout=120, since=start) - start)
+        rejoined = time.time()
         rejoin()
-        wait_for_size(workdir, 2, job, timeout=180, since=time.time())
+        sizes.wait_for_size(2, job, timeout=180, since=rejoined)
     return times
 
 
 def consul_mode(n: int, workdir: Path) -> list[float]:
     env = base_env(workdir)
-    with DevCluster(nodes=["localhost", "127.0.0.1"]) as cluster:
-        local, other = cluster.addr("localhost"), cluster.addr("127.0.0.1")
-        agents = [
-            subprocess.Popen([str(VENV_BIN / "hvd-elastic"), "--log-level", "WARNING", "node-agent", "--slots", "1",
-                              "--ttl", "3", "--interval", "0.5", "--probe", "memory", "--min-free-memory", "1K", "--http-addr", addr],
-                             env=env, start_new_session=True)
-            for addr in (local, other)
-        ]
-        job = start_job(workdir, env, f"{CONSUL_HOSTS} --http-addr {local}")
+    # The dev agent runs in its own process, as Consul would: not competing with this one.
+    consul, addresses = start_agent(["localhost", "127.0.0.1"], workdir)
+    local, other = addresses["localhost"], addresses["127.0.0.1"]
+    agents = [
+        subprocess.Popen([str(VENV_BIN / "hvd-elastic"), "--log-level", "WARNING", "node-agent", "--slots", "1",
+                          "--ttl", "3", "--interval", "0.5", "--probe", "memory", "--min-free-memory", "1K", "--http-addr", addr],
+                         env=env, start_new_session=True)
+        for addr in (local, other)
+    ]
+    job = start_job(workdir, env, f"{CONSUL_HOSTS} --http-addr {local}")
 
-        def hvd(*args: str) -> None:
-            subprocess.run([str(VENV_BIN / "hvd-elastic"), *args, "--http-addr", other], env=env, check=True, capture_output=True, timeout=60)
+    def hvd(*args: str) -> None:
+        subprocess.run([str(VENV_BIN / "hvd-elastic"), *args, "--http-addr", other], env=env, check=True, capture_output=True, timeout=60)
 
-        try:
-            return rounds(job, workdir, n, lambda: hvd("drain", "--reason", "benchmark"), lambda: hvd("undrain"))
-        finally:
-            stop_job(job, workdir)
-            for agent in agents:
-                os.killpg(agent.pid, signal.SIGTERM)
-                agent.wait(timeout=30)
+    try:
+        return rounds(job, workdir, n, lambda: hvd("drain", "--reason", "benchmark"), lambda: hvd("undrain"))
+    finally:
+        stop_job(job, workdir)
+        for proc in (*agents, consul):
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
 
 
 def hostfile_mode(n: int, workdir: Path) -> list[float]:

@@ -38,9 +38,10 @@ CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
 SERVICE = "horovod"
 
 
-def start_agent(nodes: int, workdir: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+def start_agent(nodes: list[str], workdir: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+    """``hvd-elastic consul-dev`` for ``nodes`` in its own process; returns it and {node: addr}."""
     ready = workdir / "ready.json"
-    names = ",".join(f"node{i}" for i in range(nodes))
+    names = ",".join(nodes)
     proc = subprocess.Popen(
         [str(VENV_BIN / "hvd-elastic"), "--log-level", "WARNING", "consul-dev", "--nodes", names, "--http-port", "0", "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL, start_new_session=True,
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--instances, --nodes and --runs must be >= 1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, addresses = start_agent(args.nodes, Path(tmp))
+        proc, addresses = start_agent([f"node{i}" for i in range(args.nodes)], Path(tmp))
         try:
             register(addresses, args.instances)
             result = measure(args, next(iter(addresses.values())), Path(tmp))

@@ -42,7 +42,7 @@ from hvd_elastic.discovery.options import (
     positive_float,
     positive_int,
 )
-from hvd_elastic.discovery.reader import ConsulError, anonymous_is_denied, get_json
+from hvd_elastic.discovery.reader import ConsulError, check_not_hidden, get_json
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
@@ -100,12 +100,7 @@ def fetch_health(args: argparse.Namespace, config: ConsulConfig, options: hostli
     """The raw health entries of the service; raises ConsulError."""
     query = health_query(args, options, passing=passing)
     entries = get_json(config, service_path(args.service), query, timeout=args.timeout, retry_window=retry_window)
-    if entries == [] and not config.token and anonymous_is_denied(config, args.timeout):
-        raise ConsulError(
-            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or --token",
-            retryable=False,
-        )
-    return entries
+    return check_not_hidden(config, entries, args.timeout)
 
 
 def discover(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[hostlib.Decision]]:

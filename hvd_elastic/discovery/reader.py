@@ -40,7 +40,7 @@ class ConsulTimeout(ConsulError):
     """The deadline passed before Consul answered."""
 
 
-def _request(config: ConsulConfig, target: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
+def _request(config: ConsulConfig, method: str, target: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
     headers = {"Accept": "application/json", "User-Agent": "hvd-elastic"}
     if config.token:
         headers["X-Consul-Token"] = config.token
@@ -49,7 +49,7 @@ def _request(config: ConsulConfig, target: str, deadline: float) -> tuple[int, d
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
     try:
-        return wire.get(config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name)
+        return wire.request(method, config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name)
     except wire.InvalidHeader:
         raise ConfigError("the Consul ACL token contains control characters (a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
@@ -66,12 +66,14 @@ def get_json(
     *,
     timeout: float = 0.8,
     retry_window: float = 0.0,
+    method: str = "GET",
 ) -> Any:
-    """GET ``path`` (already URL-quoted) and decode its JSON body.
+    """GET ``path`` (already URL-quoted) and decode its JSON body (None when empty).
 
     Each attempt may use at most ``timeout`` seconds; retryable failures are
     retried with a short back-off until ``max(timeout, retry_window)`` seconds
-    have passed since the call began.  Raises :class:`ConsulError`.
+    have passed since the call began.  ``method="PUT"`` sends an idempotent,
+    body-less write such as maintenance mode.  Raises :class:`ConsulError`.
     """
     params = list(query or [])
     if config.datacenter:
@@ -84,7 +86,7 @@ def get_json(
     while True:
         deadline = min(time.monotonic() + timeout, window_end)
         try:
-            return _attempt(config, url, deadline)
+            return _attempt(config, method, url, deadline)
         except ConsulError as exc:
             if isinstance(exc, ConsulTimeout) and last is not None:
                 exc = last  # a retry cut short by the window says less than the failure that caused it
@@ -97,12 +99,12 @@ def get_json(
         backoff = min(backoff * 2, 0.5)
 
 
-def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
+def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> Any:
     where = f"Consul at {config.base_url}"
     try:
-        status, headers, body = _request(config, url, deadline)
+        status, headers, body = _request(config, method, url, deadline)
     except TimeoutError:
-        raise ConsulTimeout(f"{where} did not answer GET {url.split('?')[0]} in time", retryable=True) from None
+        raise ConsulTimeout(f"{where} did not answer {method} {url.split('?')[0]} in time", retryable=True) from None
     except wire.BadAnswer as exc:
         raise ConsulError(f"{where} gave a bad answer: {exc}", retryable=exc.truncated) from None
     except OSError as exc:
@@ -115,7 +117,7 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
         raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
     if status == 403:
         raise ConsulError(
-            f"{where} refused access (403 {_error_text(body)}): set CONSUL_HTTP_TOKEN or --token to a token with service read rights",
+            f"{where} refused access (403 {_error_text(body)}): set CONSUL_HTTP_TOKEN or --token to a token with the rights needed",
             retryable=False,
             status=status,
         )
@@ -130,6 +132,8 @@ def _attempt(config: ConsulConfig, url: str, deadline: float) -> Any:
         raise ConsulError(f"{where} failed: {status} {_error_text(body)}", retryable=True, status=status)
     if status != 200:
         raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status)
+    if not body.strip():
+        return None
     try:
         return json.loads(body)
     except ValueError:
@@ -145,7 +149,17 @@ def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:
     tells an ACL-hidden empty list from a genuinely empty one.
     """
     try:
-        status, _, _ = _request(config, "/v1/agent/self", time.monotonic() + timeout)
+        status, _, _ = _request(config, "GET", "/v1/agent/self", time.monotonic() + timeout)
     except (OSError, wire.BadAnswer):
         return False
     return status == 403
+
+
+def check_not_hidden(config: ConsulConfig, answer: Any, timeout: float) -> Any:
+    """``answer`` unchanged, unless it is empty only because ACLs hide everything from no token."""
+    if not answer and answer is not None and not config.token and anonymous_is_denied(config, timeout):
+        raise ConsulError(
+            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or --token",
+            retryable=False,
+        )
+    return answer

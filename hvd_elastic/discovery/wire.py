@@ -1,4 +1,4 @@
-"""One HTTP GET over a socket, bounded by a deadline: the transport of discovery.
+"""One HTTP request over a socket, bounded by a deadline: the transport of discovery.
 
 Why not ``http.client``: importing it (and the ``email`` and ``ssl`` packages
 it pulls in) took about 40% of a discovery call's start-up, and horovodrun
@@ -9,7 +9,7 @@ Consul's JSON answers is small and fully covered here: one request with
 ``Content-Length``, chunked transfer coding, or the end of the connection.
 ``ssl`` is imported only for ``https``.
 
-Contract: :func:`get` returns ``(status, headers, body)`` with header names in
+Contract: :func:`request` returns ``(status, headers, body)`` with header names in
 lower case, or raises ``TimeoutError`` (deadline passed), ``OSError``
 (connection, TLS), :class:`BadAnswer` (not HTTP, or cut short) or
 :class:`InvalidHeader`.
@@ -46,13 +46,15 @@ def remaining(deadline: float) -> float:
     return left
 
 
-def get(host: str, port: int, target: str, headers: dict[str, str], deadline: float, ssl_context=None, server_hostname: str | None = None) -> tuple[int, dict[str, str], bytes]:
-    """GET ``target`` (path and query, already quoted) from ``host:port`` before ``deadline``."""
+def request(method: str, host: str, port: int, target: str, headers: dict[str, str], deadline: float, ssl_context=None, server_hostname: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """``method`` (GET, or a body-less PUT) ``target`` (path and query, already quoted) before ``deadline``."""
     for name, value in headers.items():
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name + value):
             raise InvalidHeader(f"header {name} contains control characters")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    lines = [f"GET {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    if method != "GET":
+        lines.append("Content-Length: 0")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     # An ASCII host as bytes skips the idna codec's import (unicodedata, stringprep).

@@ -9,8 +9,6 @@ resolved flag-over-environment precedence, so its token is applied last.
 
 from __future__ import annotations
 
-from typing import Any
-
 import consul
 import requests
 
@@ -49,8 +47,3 @@ def describe(exc: BaseException, config: ConsulConfig) -> str:
     if isinstance(exc, requests.Timeout):
         return f"{where} did not answer in time"
     return f"{where} failed: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}"
-
-
-def local_services(client: consul.Consul, service: str) -> dict[str, dict[str, Any]]:
-    """Instances of ``service`` registered on the local agent, by service ID."""
-    return {sid: info for sid, info in (client.agent.services() or {}).items() if info.get("Service") == service}

@@ -8,7 +8,10 @@ survivors continue from memory without a rollback.  Undrain lifts it.  Both
 are idempotent.  The node agent keeps running meanwhile and never clears
 maintenance itself.
 
-Exit codes: 0 done, 1 Consul failed or no such service on this agent, 2 bad input.
+It talks to the agent with the same small stdlib client as discovery (no
+py-consul/requests import: drain sits on the path from "node must leave" to
+"job trains without it").  Exit codes: 0 done, 1 Consul failed or no such
+service on this agent, 2 bad input.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ import getpass
 import socket
 import sys
 import time
+from urllib.parse import quote
 
-from hvd_elastic.discovery.options import ConfigError, add_consul_arguments, add_service_argument, consul_config, env
+from hvd_elastic.discovery.cli import FAILURES, explain_failure
+from hvd_elastic.discovery.options import add_consul_arguments, add_service_argument, consul_config, env
+from hvd_elastic.discovery.reader import ConsulError, check_not_hidden, get_json
+
+# A human or a Slurm epilog waits on this; retries of an unreachable agent fit inside.
+TIMEOUT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,32 +48,26 @@ def _default_reason() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hvd_elastic.nodeagent import client as consul_client
-
     enable = args.command == "drain"
     verb = "drain" if enable else "undrain"
-    try:
-        config = consul_config(args)
-    except ConfigError as exc:
-        print(f"{verb}: {exc}", file=sys.stderr)
-        return 2
-    client = consul_client.connect(config)
     reason = (getattr(args, "reason", None) or _default_reason()) if enable else None
     try:
-        instances = consul_client.local_services(client, args.service)
-        targets = [args.service_id] if args.service_id else sorted(instances)
+        config = consul_config(args)
+        services = check_not_hidden(config, get_json(config, "/v1/agent/services", timeout=TIMEOUT_S), TIMEOUT_S)
+        if not isinstance(services, dict):
+            raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/services with something that is not an object", retryable=False)
+        instances = sorted(sid for sid, info in services.items() if isinstance(info, dict) and info.get("Service") == args.service)
+        targets = [args.service_id] if args.service_id else instances
         missing = [sid for sid in targets if sid not in instances]
         if not targets or missing:
             what = f"service id {missing[0]!r} of service {args.service!r} is not" if missing else f"no instance of service {args.service!r} is"
             print(f"{verb}: {what} registered on the Consul agent at {config.base_url}", file=sys.stderr)
             return 1
         for sid in targets:
-            if not client.agent.service.maintenance(sid, "true" if enable else "false", reason=reason):
-                print(f"{verb}: Consul agent at {config.base_url} did not accept maintenance for service id {sid!r}", file=sys.stderr)
-                return 1
-    except consul_client.ERRORS as exc:
-        print(f"{verb}: {consul_client.describe(exc, config)}", file=sys.stderr)
-        return 1
+            query = [("enable", "true" if enable else "false")] + ([("reason", reason)] if reason else [])
+            get_json(config, f"/v1/agent/service/maintenance/{quote(sid, safe='')}", query, timeout=TIMEOUT_S, method="PUT")
+    except FAILURES as exc:
+        return explain_failure(verb, args.service, exc)
     state = f"in maintenance ({reason})" if enable else "out of maintenance"
     for sid in targets:
         print(f"{sid}: {state}")

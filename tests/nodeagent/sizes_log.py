@@ -9,40 +9,45 @@ import time
 from pathlib import Path
 
 
-def read_rows(directory: Path) -> list[dict]:
-    """Every complete row any worker wrote, oldest first."""
-    rows = []
-    for path in glob.glob(str(directory / "sizes.*.jsonl")):
-        with open(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.endswith("\n"):
-                    break  # being written
+class SizesLog:
+    """The rows every worker wrote under ``directory``, read incrementally (workers write fast)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._offsets: dict[str, int] = {}
+        self._rows: list[dict] = []
+
+    def rows(self) -> list[dict]:
+        """Every complete row so far, oldest first."""
+        for path in glob.glob(str(self.directory / "sizes.*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]  # a row being written waits for the next read
+            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+            for line in complete.splitlines():
                 try:
-                    rows.append(json.loads(line))
+                    self._rows.append(json.loads(line))
                 except ValueError as exc:
-                    raise AssertionError(f"{path}:{number}: {line!r}: {exc}") from None
-    return sorted(rows, key=lambda r: r["time"])
+                    raise AssertionError(f"{path}: {line!r}: {exc}") from None
+        self._rows.sort(key=lambda r: r["time"])
+        return self._rows
 
+    def sequence(self) -> list[int]:
+        """World sizes rank 0 trained at, in order, repeats collapsed."""
+        seq: list[int] = []
+        for row in self.rows():
+            if row["event"] == "step" and row["rank"] == 0 and (not seq or seq[-1] != row["size"]):
+                seq.append(row["size"])
+        return seq
 
-def rank0_sequence(rows: list[dict]) -> list[int]:
-    """World sizes rank 0 trained at, in order, repeats collapsed."""
-    seq: list[int] = []
-    for row in rows:
-        if row["event"] == "step" and row["rank"] == 0 and (not seq or seq[-1] != row["size"]):
-            seq.append(row["size"])
-    return seq
-
-
-def wait_for_size(directory: Path, size: int, job: subprocess.Popen, timeout: float = 90.0, since: float = 0.0) -> float:
-    """Wait until rank 0 steps at ``size`` (after wall time ``since``); returns that step's time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = read_rows(directory)
-        seq = rank0_sequence(rows)
-        if seq and seq[-1] == size:
-            step = next((r for r in rows if r["event"] == "step" and r["rank"] == 0 and r["size"] == size and r["time"] > since), None)
-            if step is not None:
-                return step["time"]
-        assert job.poll() is None, f"horovodrun exited early with {job.returncode}"
-        time.sleep(0.05)
-    raise AssertionError(f"world size never reached {size}; saw {rank0_sequence(read_rows(directory))}")
+    def wait_for_size(self, size: int, job: subprocess.Popen, timeout: float = 90.0, since: float = 0.0) -> float:
+        """Wait for rank 0's first step at ``size`` after wall time ``since``; returns that step's time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for row in self.rows():
+                if row["time"] > since and row["event"] == "step" and row["rank"] == 0 and row["size"] == size:
+                    return row["time"]
+            assert job.poll() is None, f"horovodrun exited early with {job.returncode}"
+            time.sleep(0.05)
+        raise AssertionError(f"world size never reached {size}; saw {self.sequence()}")

@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from consul_testing import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, clean_env
-from sizes_log import rank0_sequence, read_rows, wait_for_size
+from sizes_log import SizesLog
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +41,13 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         env=job_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
-    def wait_for(size: int) -> None:
-        wait_for_size(tmp_path, size, job)
+    sizes = SizesLog(tmp_path)
+
+    def then(size: int, action) -> None:
+        """Do ``action``, then wait until rank 0 trains at ``size``."""
+        since = time.time()
+        action()
+        sizes.wait_for_size(size, job, since=since)
 
     def hvd(*args: str) -> None:
         result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True, text=True, timeout=60)
@@ -51,17 +57,13 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         # horovodrun waits for a second host (it needs two to pick a network
         # interface) until the node agent of 127.0.0.1 starts.
         other_agent = node_agents.start(other, *agent_args, name="127.0.0.1")
-        wait_for(2)
-        hvd("drain", "--reason", "e2e")
-        wait_for(1)  # drained: graceful shrink
-        hvd("undrain")
-        wait_for(2)  # undrained: grows again
-        other_agent.send_signal(signal.SIGSTOP)  # the node goes silent: its TTL check fails
-        wait_for(1)
+        sizes.wait_for_size(2, job)
+        then(1, lambda: hvd("drain", "--reason", "e2e"))  # drained: graceful shrink
+        then(2, lambda: hvd("undrain"))  # undrained: grows again
+        then(1, lambda: other_agent.send_signal(signal.SIGSTOP))  # the node goes silent: its TTL check fails
         other_agent.send_signal(signal.SIGKILL)
         other_agent.wait()
-        node_agents.start(other, *agent_args, name="127.0.0.1-again")  # a node agent starts: grow
-        wait_for(2)
+        then(2, lambda: node_agents.start(other, *agent_args, name="127.0.0.1-again"))  # a node agent starts: grow
         (tmp_path / "stop").touch()
         assert job.wait(timeout=120) == 0
     finally:
@@ -74,8 +76,8 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
     markers = os.listdir(env["HVD_ELASTIC_DISCOVERY_STATE_DIR"])
     assert len(markers) == 1 and markers[0].startswith(f"{job.pid}-"), markers
     horovod_log = (tmp_path / "horovodrun.log").read_text()[-4000:]
-    rows = read_rows(tmp_path)
-    assert rank0_sequence(rows) == [2, 1, 2, 1, 2], horovod_log
+    rows = sizes.rows()
+    assert sizes.sequence() == [2, 1, 2, 1, 2], horovod_log
     survivor = next(r["pid"] for r in rows if r["host"] == "localhost")  # lives through every change
     assert {r["host"] for r in rows if r["pid"] == survivor} == {"localhost"}
     survivor_steps = [r["step"] for r in rows if r["pid"] == survivor and r["event"] == "step"]
