@@ -69,23 +69,24 @@ def stop_job(job: subprocess.Popen, workdir: Path) -> None:
             job.wait()
 
 
-def rounds(job: subprocess.Popen, workdir: Path, n: int, leave, rejoin) -> list[float]:
-    """Time ``leave()`` -> first step at size 1, ``n`` times; ``rejoin()`` in between."""
+def rounds(job: subprocess.Popen, workdir: Path, n: int, leave, rejoin) -> tuple[list[float], list[float]]:
+    """(leave() -> first step at size 1, leave()'s own duration), ``n`` times; ``rejoin()`` in between."""
     sizes = SizesLog(workdir)
     sizes.wait_for_size(2, job, timeout=180)
-    times = []
+    times, leave_times = [], []
     for _ in range(n):
         time.sleep(1.0)  # a steady world of two
         start = time.time()
         leave()
+        leave_times.append(time.time() - start)
         times.append(sizes.wait_for_size(1, job, timeout=120, since=start) - start)
         rejoined = time.time()
         rejoin()
         sizes.wait_for_size(2, job, timeout=180, since=rejoined)
-    return times
+    return times, leave_times
 
 
-def consul_mode(n: int, workdir: Path) -> list[float]:
+def consul_mode(n: int, workdir: Path) -> tuple[list[float], list[float]]:
     env = base_env(workdir)
     # The dev agent runs in its own process, as Consul would: not competing with this one.
     consul, addresses = start_agent(["localhost", "127.0.0.1"], workdir)
@@ -110,7 +111,7 @@ def consul_mode(n: int, workdir: Path) -> list[float]:
             proc.wait(timeout=30)
 
 
-def hostfile_mode(n: int, workdir: Path) -> list[float]:
+def hostfile_mode(n: int, workdir: Path) -> tuple[list[float], list[float]]:
     hosts = workdir / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     script = workdir / "discover.sh"
@@ -134,14 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, mode in (("consul", consul_mode), ("host file", hostfile_mode)):
         with tempfile.TemporaryDirectory() as tmp:
-            times = mode(args.rounds, Path(tmp))
-        results[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "rounds_s": times}
+            times, leave_times = mode(args.rounds, Path(tmp))
+        results[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "rounds_s": times,
+                         "leave_command_median_s": statistics.median(leave_times)}
 
     ratio = results["consul"]["median_s"] / results["host file"]["median_s"]
     print(f"node leaves -> first training step at the new size ({args.rounds} rounds each)")
-    print(f"{'mode':<12}{'median s':>10}{'min s':>8}{'max s':>8}")
+    print(f"{'mode':<12}{'median s':>10}{'min s':>8}{'max s':>8}{'of which the leave command s':>30}")
     for name, r in results.items():
-        print(f"{name:<12}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}")
+        print(f"{name:<12}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}{r['leave_command_median_s']:>30.2f}")
     print(f"consul / host file = {ratio:.2f} (upstream Horovod with a host file: 1.4 s measured here)")
     out = {"rounds": args.rounds, "modes": results, "ratio_consul_vs_hostfile": ratio}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
