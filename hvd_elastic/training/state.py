@@ -167,7 +167,12 @@ class TrainingState(State):
         self._components[name] = _component_for(obj)
 
     def add_listener(self, fn: Listener) -> None:
-        """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync"."""
+        """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync".
+
+        Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``;
+        restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` and
+        ``broadcast_seconds`` (the bucket broadcasts with the copies they overlap).
+        """
         self._listeners.append(fn)
 
     def _emit(self, event: str, **fields: Any) -> None:
@@ -243,7 +248,7 @@ class TrainingState(State):
             named, meta = self._capture()
             with self.snapshot_lock:
                 buffer = self._buffer_for(FlatLayout.of(named))
-            header = self._bcast_object({"layout": buffer.layout.describe(), "meta": meta}, name="hvd_elastic.sync.header")
+            self._bcast_object({"layout": buffer.layout.describe(), "meta": meta}, name="hvd_elastic.sync.header")
             live = [t for _, t in named]
 
             def fill(indices: list[int]) -> None:
@@ -252,9 +257,11 @@ class TrainingState(State):
             # After a restore, or an interrupt raised by commit(), the live
             # tensors ARE the committed copy: send that, skip the copy.
             unchanged = self._clean_versions is not None and self._clean_versions == _versions(live)
+            wire = time.perf_counter()
             with self.snapshot_lock:
                 nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
                                           fill=None if unchanged else fill, bucket_bytes=self.bucket_bytes)
+                wire = time.perf_counter() - wire
                 self._meta = meta
         else:
             header = self._bcast_object(None, name="hvd_elastic.sync.header")
@@ -264,6 +271,7 @@ class TrainingState(State):
             targets = self._targets(meta)
             with self.snapshot_lock:
                 buffer = self._buffer_for(layout)
+                wire = time.perf_counter()
 
                 def unpack(indices: list[int]) -> None:
                     # Straight into the live tensors while the next bucket is on the wire.
@@ -271,11 +279,13 @@ class TrainingState(State):
 
                 nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
                                           unpack=unpack, bucket_bytes=self.bucket_bytes)
+                wire = time.perf_counter() - wire
                 self._meta = meta
             self._load(buffer.as_dict(), meta, done=done)
         self._mark_clean()
         self._apply_world()
-        self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes)
+        # broadcast_seconds: the bucket broadcasts, with the copies overlapping them
+        self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes, broadcast_seconds=wire)
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""
