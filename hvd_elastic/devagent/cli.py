@@ -6,10 +6,8 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import tempfile
-import threading
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +83,8 @@ def write_ready_file(path: str, addresses: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hvd_elastic.cli import stop_on_signals
+
     from .cluster import DevCluster
 
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
@@ -104,29 +104,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"hvd-elastic consul-dev: error: cannot load TLS certificate/key: {exc}", file=sys.stderr)
         return 1
 
-    stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_on_signals(log, "stopping") as stop:
         try:
-            cluster.start()
-        except OSError as exc:
-            print(f"hvd-elastic consul-dev: error: cannot listen on {args.bind}: {exc}", file=sys.stderr)
-            return 1
-        addresses = cluster.addresses()
-        if args.ready_file:
-            write_ready_file(args.ready_file, addresses)
-        print(json.dumps(addresses), flush=True)
-        log.info("consul-dev ready (%s, ACLs %s): %s", "https" if cluster.tls else "http",
-                 "on" if token else "off", ", ".join(f"{n}={a}" for n, a in addresses.items()))
-        while not stop.wait(1.0):
-            pass
-        return 0
-    finally:
-        cluster.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            try:
+                cluster.start()
+            except OSError as exc:
+                print(f"hvd-elastic consul-dev: error: cannot listen on {args.bind}: {exc}", file=sys.stderr)
+                return 1
+            addresses = cluster.addresses()
+            if args.ready_file:
+                write_ready_file(args.ready_file, addresses)
+            print(json.dumps(addresses), flush=True)
+            log.info("consul-dev ready (%s, ACLs %s): %s", "https" if cluster.tls else "http",
+                     "on" if token else "off", ", ".join(f"{n}={a}" for n, a in addresses.items()))
+            while not stop.wait(1.0):
+                pass
+            return 0
+        finally:
+            cluster.stop()

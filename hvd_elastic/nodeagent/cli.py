@@ -13,12 +13,11 @@ import argparse
 import logging
 import os
 import re
-import signal
 import socket
 import sys
-import threading
 
 from hvd_elastic import __version__
+from hvd_elastic.cli import stop_on_signals
 from hvd_elastic.discovery.options import (
     ConfigError,
     add_consul_arguments,
@@ -128,13 +127,6 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        log.info("received %s; deregistering and exiting", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    agent.run(stop)
+    with stop_on_signals(log, "deregistering and exiting") as stop:
+        agent.run(stop)
     return 0
