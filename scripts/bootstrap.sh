@@ -51,6 +51,7 @@ inputs_digest() {
     } | sha256sum | cut -d' ' -f1
 }
 
+command -v "$PYTHON" >/dev/null || { say "FAILED: interpreter PYTHON=$PYTHON not found (expected a Python 3.11 executable on PATH)"; exit 1; }
 digest=$(inputs_digest)
 if [[ -f $STAMP && $(cat "$STAMP") == "$digest" ]]; then
     say "environment $VENV is ready (inputs unchanged)"
