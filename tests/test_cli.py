@@ -99,3 +99,16 @@ def test_doctor_fails_on_too_little_disk(tmp_path):
     assert out.returncode == 1
     disk = next(line for line in out.stdout.splitlines() if line.split()[1] == "disk")
     assert disk.startswith("FAIL") and "need 1e+12" in disk
+
+
+def test_doctor_passes_against_a_consul_agent(tmp_path):
+    from hvd_elastic.devagent import DevCluster
+
+    with DevCluster(nodes=["gpu-a"]) as cluster:
+        out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--min-free-gib", "0",
+                          env={"CONSUL_HTTP_ADDR": cluster.addr("gpu-a")})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = {line.split()[1]: line for line in out.stdout.splitlines()}
+    assert lines["consul"].startswith("ok") and "leader" in lines["consul"]
+    # No GPU is only a warning unless --require-gpu.
+    assert lines["gpus"].split()[0] in ("ok", "warn")
