@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hvd_elastic.discovery.options import non_negative_float, positive_float, positive_int
 from hvd_elastic.training.events import EventLog
 
 log = logging.getLogger("hvd_elastic.demo")
@@ -45,13 +46,13 @@ class DemoFailed(RuntimeError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", help="where checkpoints and logs go (default: a new temporary directory)")
-    parser.add_argument("--epochs", type=int, default=3, help="training epochs (default %(default)s)")
-    parser.add_argument("--samples", type=int, default=3072, help="dataset size (default %(default)s)")
-    parser.add_argument("--step-delay", type=float, default=0.05,
+    parser.add_argument("--epochs", type=positive_int, default=3, help="training epochs (default %(default)s)")
+    parser.add_argument("--samples", type=positive_int, default=3072, help="dataset size (default %(default)s)")
+    parser.add_argument("--step-delay", type=non_negative_float, default=0.05,
                         help="seconds of simulated compute per step (default %(default)s)")
-    parser.add_argument("--phase-steps", type=int, default=12,
+    parser.add_argument("--phase-steps", type=positive_int, default=12,
                         help="steps to train between membership changes (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=240.0,
+    parser.add_argument("--timeout", type=positive_float, default=240.0,
                         help="seconds each phase may take before the demo gives up (default %(default)s)")
 
 
@@ -117,11 +118,11 @@ def _hvd_elastic(*args: str, consul_addr: str) -> subprocess.CompletedProcess:
 
 def _start_node_agent(node: str, consul_addr: str, workdir: Path) -> subprocess.Popen:
     env = dict(os.environ, CONSUL_HTTP_ADDR=consul_addr)
-    log_file = open(workdir / f"node-agent.{node}.log", "w")
-    return subprocess.Popen(
-        [sys.executable, "-m", "hvd_elastic.cli", "node-agent", "--service", SERVICE, "--slots", "1",
-         "--ttl", "5", "--checkpoint-path", str(workdir), "--min-free-disk", "64M", "--min-free-memory", "64M"],
-        env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(workdir / f"node-agent.{node}.log", "w") as log_file:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "hvd_elastic.cli", "node-agent", "--service", SERVICE, "--slots", "1",
+             "--ttl", "5", "--checkpoint-path", str(workdir), "--min-free-disk", "64M", "--min-free-memory", "64M"],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_discovered(consul_addr: str, expected: list[str], timeout: float) -> None:

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable
 
 from hvd_elastic.config import ConfigError, ConsulConfig
+from hvd_elastic.discovery.options import argument_type
 
 BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
 
@@ -162,14 +163,7 @@ CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
 ]
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+_non_negative = argument_type(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
