@@ -213,6 +213,10 @@ class _Session:
 
     def _finish(self) -> None:
         self._refresh_rank()
+        if self.checkpoints is not None:
+            # A periodic write may still be in flight: let it land (and log) first,
+            # so "finish" is the last event and the check below sees its outcome.
+            self.checkpoints.flush()
         if (self.checkpoints is not None and self.config.checkpoint_on_exit and self._rank == 0
                 and (self.state.commit_count != self._last_checkpoint_commit
                      or self.checkpoints.last_error is not None)):

@@ -27,33 +27,32 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _results(stdout: str) -> list[dict]:
-    # horovodrun prefixes worker lines with "[rank]<stdout>:"; take the JSON part.
-    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if '"sum"' in line]
+def _results(smoke_dir: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(smoke_dir.glob("result.*.json"))]
 
 
-def test_horovodrun_gloo_allreduce():
+def test_horovodrun_gloo_allreduce(tmp_path):
     out = subprocess.run(
         [str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
          sys.executable, str(HERE / "worker_allreduce.py")],
-        env=_env(), capture_output=True, text=True, timeout=180,
+        env=_env(SMOKE_DIR=str(tmp_path)), capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    results = _results(out.stdout)
+    results = _results(tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == 3.0 for r in results)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is installed by scripts/bootstrap.sh")
-def test_mpirun_with_mpi4py_comm_world():
+def test_mpirun_with_mpi4py_comm_world(tmp_path):
     out = subprocess.run(
         ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-         "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+         "-x", "PATH", "-x", "PYTHONUNBUFFERED", "-x", "SMOKE_DIR",
          sys.executable, str(HERE / "worker_allreduce.py"), "--mpi-comm"],
-        env=_env(**MPI_ROOT_ENV), capture_output=True, text=True, timeout=180,
+        env=_env(SMOKE_DIR=str(tmp_path), **MPI_ROOT_ENV), capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    results = _results(out.stdout)
+    results = _results(tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["size"] == 2 and r["mpi_size"] == 2 and r["sum"] == 3.0 and r["mpi_built"] for r in results)
 

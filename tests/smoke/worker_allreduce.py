@@ -1,4 +1,6 @@
-"""Static job worker: allreduce (sum) of rank+1 and print the result.
+"""Static job worker: allreduce (sum) of rank+1; writes ``$SMOKE_DIR/result.<rank>.json``.
+
+A file per rank, not stdout: mpirun may splice two ranks' output into one line.
 
 Run under ``horovodrun --gloo`` or, with ``--mpi-comm``, under ``mpirun`` using
 mpi4py's COMM_WORLD as Horovod's communicator.
@@ -6,6 +8,7 @@ mpi4py's COMM_WORLD as Horovod's communicator.
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -25,9 +28,10 @@ def main() -> None:
         hvd.init()
         mpi_size = None
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
-    print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "mpi_size": mpi_size,
-                      "sum": total.item(), "mpi_built": hvd.mpi_built(), "gloo_built": hvd.gloo_built()}),
-          flush=True)
+    result = {"rank": hvd.rank(), "size": hvd.size(), "mpi_size": mpi_size,
+              "sum": total.item(), "mpi_built": hvd.mpi_built(), "gloo_built": hvd.gloo_built()}
+    with open(os.path.join(os.environ["SMOKE_DIR"], f"result.{hvd.rank()}.json"), "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
