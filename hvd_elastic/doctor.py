@@ -104,7 +104,8 @@ def check_mpi(args: argparse.Namespace) -> Finding:
         from mpi4py import MPI
     except Exception as exc:
         return Finding("mpi", False, f"mpi4py not importable ({exc.__class__.__name__})", BOOTSTRAP_FIX)
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    # Open MPI ends the string with a NUL, which would make the report binary to grep.
+    library = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         return Finding("mpi", False, f"mpi4py on {library}, but no mpirun", "apt-get install openmpi-bin")
@@ -134,17 +135,14 @@ def check_consul(args: argparse.Namespace) -> Finding:
 
 
 def check_gpus(args: argparse.Namespace) -> Finding:
-    try:
-        import torch
-        count = torch.cuda.device_count()
-    except Exception:
-        count = 0
-    if count:
-        import torch
-        names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
-        return Finding("gpus", True, f"{count} visible ({', '.join(names)})")
-    detail = f"0 visible; CPU slots would be {os.cpu_count()}"
-    return Finding("gpus", False, detail, "check the NVIDIA driver and CUDA_VISIBLE_DEVICES", required=args.require_gpu)
+    # The same detection the node agent advertises its slots from.
+    from hvd_elastic.nodeagent.probes import query_gpus
+
+    gpus = query_gpus()
+    if gpus.count:
+        return Finding("gpus", True, f"{gpus.count} visible ({gpus.model}, {gpus.memory_mib} MiB)")
+    return Finding("gpus", False, "0 visible; node-agent would advertise --cpu-slots (default 1)",
+                   "check the NVIDIA driver, nvidia-smi and CUDA_VISIBLE_DEVICES", required=args.require_gpu)
 
 
 def check_disk(args: argparse.Namespace) -> Finding:

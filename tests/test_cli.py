@@ -108,6 +108,7 @@ def test_doctor_passes_against_a_consul_agent(tmp_path):
         out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--min-free-gib", "0",
                           env={"CONSUL_HTTP_ADDR": cluster.addr("gpu-a")})
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "\x00" not in out.stdout  # plain text, even where a library hands back C strings
     lines = {line.split()[1]: line for line in out.stdout.splitlines()}
     assert lines["consul"].startswith("ok") and "leader" in lines["consul"]
     # No GPU is only a warning unless --require-gpu.
