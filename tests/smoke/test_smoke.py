@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from hvd_elastic.testbed import MPI_ROOT_ENV, VENV_BIN, Job, WorldSizes, child_env, horovodrun_elastic, host_file_discovery
+
 HERE = Path(__file__).parent
-BIN = Path(sys.executable).parent
-MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 pytestmark = pytest.mark.slow
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
 
 
 def _results(smoke_dir: Path) -> list[dict]:
@@ -32,12 +22,9 @@ def _results(smoke_dir: Path) -> list[dict]:
 
 
 def test_horovodrun_gloo_allreduce(tmp_path):
-    out = subprocess.run(
-        [str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
-         sys.executable, str(HERE / "worker_allreduce.py")],
-        env=_env(SMOKE_DIR=str(tmp_path)), capture_output=True, text=True, timeout=180,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    cmd = [VENV_BIN / "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, HERE / "worker_allreduce.py"]
+    with Job(cmd, env=child_env(SMOKE_DIR=str(tmp_path)), logdir=tmp_path, name="horovodrun") as job:
+        job.start().finish(timeout=180)
     results = _results(tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == 3.0 for r in results)
@@ -45,79 +32,37 @@ def test_horovodrun_gloo_allreduce(tmp_path):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is installed by scripts/bootstrap.sh")
 def test_mpirun_with_mpi4py_comm_world(tmp_path):
-    out = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-         "-x", "PATH", "-x", "PYTHONUNBUFFERED", "-x", "SMOKE_DIR",
-         sys.executable, str(HERE / "worker_allreduce.py"), "--mpi-comm"],
-        env=_env(SMOKE_DIR=str(tmp_path), **MPI_ROOT_ENV), capture_output=True, text=True, timeout=180,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+           "-x", "PATH", "-x", "PYTHONUNBUFFERED", "-x", "SMOKE_DIR",
+           sys.executable, HERE / "worker_allreduce.py", "--mpi-comm"]
+    # The Job owns the ranks too: a hang or a failure kills mpirun AND every rank.
+    with Job(cmd, env=child_env(SMOKE_DIR=str(tmp_path), **MPI_ROOT_ENV), logdir=tmp_path, name="mpirun") as job:
+        job.start().finish(timeout=180)
     results = _results(tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["size"] == 2 and r["mpi_size"] == 2 and r["sum"] == 3.0 and r["mpi_built"] for r in results)
 
 
-class _Sizes:
-    def __init__(self, smoke_dir: Path):
-        self.smoke_dir = smoke_dir
-
-    def records(self) -> list[dict]:
-        rows = []
-        for path in glob.glob(str(self.smoke_dir / "sizes.*.jsonl")):
-            with open(path) as f:
-                rows.extend(json.loads(line) for line in f if line.strip())
-        return rows
-
-    def sequence(self) -> list[int]:
-        """World sizes rank 0 saw, in step order, with repeats collapsed."""
-        seq: list[int] = []
-        for row in sorted((r for r in self.records() if r["rank"] == 0), key=lambda r: r["step"]):
-            if not seq or seq[-1] != row["size"]:
-                seq.append(row["size"])
-        return seq
-
-    def wait_for_size(self, size: int, proc: subprocess.Popen, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            seq = self.sequence()
-            if seq and seq[-1] == size:
-                return
-            assert proc.poll() is None, f"horovodrun exited early with {proc.returncode}"
-            time.sleep(0.3)
-        raise AssertionError(f"world size never reached {size}; saw {self.sequence()}")
-
-
 def test_elastic_join_then_leave(tmp_path):
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    log = open(tmp_path / "horovodrun.log", "w")
-    proc = subprocess.Popen(
-        [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "4",
-         "--host-discovery-script", str(discover),
-         sys.executable, str(HERE / "worker_elastic.py")],
-        env=_env(SMOKE_DIR=str(tmp_path), HOROVOD_GLOO_TIMEOUT_SECONDS="60"),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    sizes = _Sizes(tmp_path)
-    try:
-        sizes.wait_for_size(2, proc)
+    discover = host_file_discovery(hosts, "localhost:1\n127.0.0.1:1\n")
+    cmd = [*horovodrun_elastic(discover, 2, 1, 4), sys.executable, HERE / "worker_elastic.py"]
+    sizes = WorldSizes(tmp_path / "sizes.*.jsonl")
+    env = child_env(SMOKE_DIR=str(tmp_path), HOROVOD_GLOO_TIMEOUT_SECONDS="60")
+    with Job(cmd, env=env, logdir=tmp_path, name="horovodrun") as job:
+        job.start()
+        sizes.wait_for_size(job, 2, timeout=90)
+        since = time.time()
         hosts.write_text("localhost:2\n127.0.0.1:1\n")  # a slot joins
-        sizes.wait_for_size(3, proc)
+        sizes.wait_for_size(job, 3, timeout=90, since=since)
+        since = time.time()
         hosts.write_text("localhost:2\n")  # 127.0.0.1 leaves
-        sizes.wait_for_size(2, proc)
+        sizes.wait_for_size(job, 2, timeout=90, since=since)
         (tmp_path / "stop").touch()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-    assert sizes.sequence() == [2, 3, 2], (tmp_path / "horovodrun.log").read_text()[-3000:]
+        assert job.wait(timeout=120) == 0, job.log_tail()
+    assert sizes.sequence() == [2, 3, 2], job.log_tail(3000)
     # Every rank of each world size took part (ranks 0..size-1 all logged steps).
     ranks_by_size: dict[int, set[int]] = {}
-    for row in sizes.records():
+    for row in sizes.rows():
         ranks_by_size.setdefault(row["size"], set()).add(row["rank"])
     assert ranks_by_size == {2: {0, 1}, 3: {0, 1, 2}}

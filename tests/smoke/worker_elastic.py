@@ -1,6 +1,7 @@
 """Elastic job worker: records the world size at every committed step.
 
-Each step appends ``{"rank", "size", "step"}`` to ``$SMOKE_DIR/sizes.<pid>.jsonl``.
+Each step appends ``{"rank", "size", "step", "time"}`` to ``$SMOKE_DIR/sizes.<pid>.jsonl``
+(the rows :class:`hvd_elastic.testbed.WorldSizes` reads).
 Rank 0 ends the job once ``$SMOKE_DIR/stop`` exists; the decision is shared by
 an allreduce so every rank leaves the loop on the same step.
 """
@@ -32,7 +33,7 @@ def main() -> None:
             hvd.allreduce(torch.ones(1), name="work")
             state.step += 1
             with open(log_path, "a") as log:
-                log.write(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "step": state.step}) + "\n")
+                log.write(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "time": time.time()}) + "\n")
             state.commit()
             time.sleep(0.1)
 

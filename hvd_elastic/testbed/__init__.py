@@ -1,0 +1,25 @@
+"""Launching and breaking real jobs: the one harness of the tests, benchmarks and demo.
+
+* :mod:`.env`    -- the environment a child process gets (venv first on PATH, no
+  inherited Consul or hvd-elastic settings, its own discovery state) and where
+  the project's programs are.
+* :mod:`.job`    -- :class:`Job`: a horovodrun/mpirun/service process tree in its
+  own session with a log file; waiting on it, reading it, killing all of it;
+  :func:`start_node_agent`, :func:`wait_until`.
+* :mod:`.records` -- reading the JSON-lines files workers write, incrementally;
+  :class:`WorldSizes`, the world sizes a rank trained at.
+* :mod:`.consul` -- requests to a (dev) Consul agent and discovery runs as horovodrun makes them.
+* :mod:`.ledger` -- the exactly-once check over per-sample ledgers.
+* :mod:`.netns`  -- :class:`NetnsBed`: several real hosts on one machine (network
+  namespaces with their own sshd, host name and node agent) and the faults it
+  can inject (crash, freeze, partition, drain, ...).
+
+Nothing here is imported by the training or discovery code paths.
+"""
+
+from .env import CONSUL_HOSTS, HVD_ELASTIC, MPI_ROOT_ENV, REPO, VENV_BIN, child_env
+from .job import Job, JobError, host_file_discovery, horovodrun_elastic, start_node_agent, wait_until
+from .records import JsonLines, WorldSizes
+
+__all__ = ["CONSUL_HOSTS", "HVD_ELASTIC", "MPI_ROOT_ENV", "REPO", "VENV_BIN", "Job", "JobError", "JsonLines",
+           "WorldSizes", "child_env", "horovodrun_elastic", "host_file_discovery", "start_node_agent", "wait_until"]

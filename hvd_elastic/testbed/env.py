@@ -1,0 +1,46 @@
+"""The environment of a child process started by the test bed, and where its programs are."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+#: The checkout this package lives in (examples/, discovery/ and tests/ are found from here).
+REPO = Path(__file__).resolve().parents[2]
+#: The virtual environment's bin folder: horovodrun, hvd-elastic and python come from here.
+VENV_BIN = Path(sys.executable).parent
+#: The project's command (node agent, drain, status, consul-dev, ...).
+HVD_ELASTIC = VENV_BIN / "hvd-elastic"
+#: What ``horovodrun --host-discovery-script`` runs to ask Consul for hosts.
+CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
+#: Open MPI refuses to start as root unless told to; CI runs as root.
+MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+# Settings a developer's shell may carry that must not steer a child silently:
+# a test's job talks to the dev agent the test started, not to the user's Consul.
+_SCRUBBED_PREFIXES = ("CONSUL_", "HVD_ELASTIC_")
+
+
+def child_env(base: Mapping[str, str] | None = None, *, discovery_state: str | Path | None = None,
+              **extra: str) -> dict[str, str]:
+    """``base`` (default ``os.environ``) without ``CONSUL_*``/``HVD_ELASTIC_*``, plus ``extra``.
+
+    The venv's bin folder comes first on ``PATH`` (horovodrun re-runs ``python`` on
+    every host by name), this checkout is on ``PYTHONPATH`` (workers import test
+    helpers next to them), and output is unbuffered so logs are complete when a
+    process is killed.  ``discovery_state`` becomes
+    ``HVD_ELASTIC_DISCOVERY_STATE_DIR``, where ``discovery/consul_hosts`` keeps its
+    first-call markers: give each job its own (a private folder, mode 0700, such as
+    pytest's ``tmp_path``) so no run writes to or reads the shared default in /tmp.
+    ``extra`` is applied last and wins over all of the above.
+    """
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(_SCRUBBED_PREFIXES)}
+    env["PATH"] = os.pathsep.join(filter(None, [str(VENV_BIN), env.get("PATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    if discovery_state is not None:
+        env["HVD_ELASTIC_DISCOVERY_STATE_DIR"] = str(discovery_state)
+    env.update(extra)
+    return env
