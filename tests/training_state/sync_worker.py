@@ -26,6 +26,23 @@ def digest(tensors):
     return h.hexdigest()
 
 
+def moments_placed_and_private(model, optimizer, state):
+    """Every moment sits on its parameter's device in memory of its own.
+
+    A moment the sync created must not be a view of the commit buffer it came
+    from (the next training step would then rewrite the committed copy, and
+    restore() would bring back nothing), nor of its parameter.
+    """
+    committed = {s.untyped_storage().data_ptr() for s in state._buffer.storage.values()}
+    for p in model.parameters():
+        for name in ("exp_avg", "exp_avg_sq"):
+            moment = optimizer.state[p][name]
+            storage = moment.untyped_storage().data_ptr()
+            if moment.device != p.device or storage in committed or storage == p.untyped_storage().data_ptr():
+                return False
+    return True
+
+
 def main():
     hvd.init()
     rank = hvd.rank()
@@ -63,8 +80,7 @@ def main():
         "buffers": digest(model.buffers()),
         "optimizer": digest(opt_tensors),
         "optimizer_keys": sorted(sorted(optimizer.state[p]) for p in model.parameters()),
-        "moment_devices_shared": all(optimizer.state[p]["exp_avg"].data_ptr() != p.data_ptr()
-                                     for p in model.parameters()),
+        "moment_devices_shared": moments_placed_and_private(model, optimizer, state),
         "lr": optimizer.param_groups[0]["lr"],
         "scheduler": scheduler.state_dict(),
         "sampler": sampler.state_dict(),
