@@ -109,14 +109,37 @@ def test_with_the_committers_lock_the_copy_is_taken_in_the_writer(ckpt_dir):
         CheckpointManager(ckpt_dir, every_commits=1, lock=lock).commit(committed)
 
 
-def test_commit_writes_by_elapsed_time(ckpt_dir):
-    mgr = CheckpointManager(ckpt_dir, every_seconds=0.3)
+class _Clock:
+    """The checkpoint module's ``time``, with a ``monotonic()`` that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_commit_writes_by_elapsed_time(ckpt_dir, monkeypatch):
+    # A clock the test moves, so the outcome does not depend on how fast this machine runs.
+    clock = _Clock()
+    monkeypatch.setattr("hvd_elastic.training.checkpoint.time", clock)
+    mgr = CheckpointManager(ckpt_dir, every_seconds=30)
     assert not mgr.commit(snapshot(1), step=1)
-    time.sleep(0.35)
-    assert mgr.commit(lambda: snapshot(2), step=2)
-    assert not mgr.commit(snapshot(3), step=3)  # the clock restarted at the write
+    clock.now += 29.5
+    assert not mgr.commit(snapshot(2), step=2)
+    clock.now += 0.5
+    assert mgr.commit(lambda: snapshot(3), step=3)
+    mgr.flush()  # the writer is idle: only the clock decides below
+    assert not mgr.commit(snapshot(4), step=4)  # the clock restarted at the write
+    clock.now += 29.5
+    assert not mgr.commit(snapshot(5), step=5)
+    clock.now += 0.5
+    assert mgr.commit(lambda: snapshot(6), step=6)
     mgr.close()
-    assert [json.loads(p.read_text())["step"] for p in mgr.checkpoints()] == [2]
+    assert [json.loads(p.read_text())["step"] for p in mgr.checkpoints()] == [6, 3]
 
 
 def test_keep_last_rotation(ckpt_dir):
