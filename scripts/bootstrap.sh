@@ -15,6 +15,9 @@
 #   HVD_ELASTIC_VENV         virtual environment path   (default: <repo>/.venv)
 #   HVD_ELASTIC_WHEEL_CACHE  Horovod wheel cache folder (default: ~/.cache/hvd-elastic/wheels)
 #   PYTHON                   interpreter for the venv   (default: python3.11)
+#
+# `bootstrap.sh --print-digest` prints the digest a ready stamp must hold for
+# these inputs and exits (tests use it on throw-away environments).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,6 +56,10 @@ inputs_digest() {
 
 command -v "$PYTHON" >/dev/null || { say "FAILED: interpreter PYTHON=$PYTHON not found (expected a Python 3.11 executable on PATH)"; exit 1; }
 digest=$(inputs_digest)
+if [[ ${1:-} == --print-digest ]]; then
+    echo "$digest"
+    exit 0
+fi
 if [[ -f $STAMP && $(cat "$STAMP") == "$digest" ]]; then
     say "environment $VENV is ready (inputs unchanged)"
     exit 0
