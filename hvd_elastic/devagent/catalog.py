@@ -314,16 +314,31 @@ class Catalog:
     # -- queries ----------------------------------------------------------
 
     def instances(self, name: str) -> list[tuple[Node, Service, list[Check]]]:
-        """Every instance of service ``name`` with its node's and its own checks."""
+        """Every instance of service ``name`` with its node's and its own checks (in registration order)."""
         out = []
+        by_node: dict[str, tuple[list, dict[str, list]]] = {}
         for node_name, sid in sorted(self._by_name.get(name, ())):
             node = self.nodes[node_name]
             svc = self.services[node_name][sid]
-            checks = [
-                c for c in self.checks[node_name].values() if not c.service_id or c.service_id == sid
-            ]
+            if node_name not in by_node:
+                by_node[node_name] = self._checks_by_owner(node_name)
+            node_checks, service_checks = by_node[node_name]
+            # Grouped once per node: scanning every check of the node per instance is quadratic,
+            # seconds per answer for 10,000 instances on a few nodes.
+            checks = [c for _, c in sorted(node_checks + service_checks.get(sid, []), key=lambda pc: pc[0])]
             out.append((node, svc, checks))
         return out
+
+    def _checks_by_owner(self, node: str) -> tuple[list, dict[str, list]]:
+        """([(position, node check)], {service id: [(position, check)]}) of ``node``'s checks."""
+        node_checks: list = []
+        service_checks: dict[str, list] = {}
+        for position, check in enumerate(self.checks[node].values()):
+            if check.service_id:
+                service_checks.setdefault(check.service_id, []).append((position, check))
+            else:
+                node_checks.append((position, check))
+        return node_checks, service_checks
 
     def service_names(self) -> dict[str, list[str]]:
         """``/v1/catalog/services``: name -> union of tags."""

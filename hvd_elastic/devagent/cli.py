@@ -20,7 +20,8 @@ line and, with --ready-file, written atomically to that file.
 Simulating node failure: PUT /_dev/node/<name>/stop (or /start) on any live node's
 port kills (or revives) that node's agent: its port closes and its serfHealth check
 turns critical, so ?passing drops its services.  GET /_dev/nodes lists the nodes.
-With --acl-token these need the token, like every ACL-protected endpoint.
+PUT /_dev/stale-lag?ms=N makes ?stale reads report X-Consul-LastContact: N (a lagging
+follower).  With --acl-token these need the token, like every ACL-protected endpoint.
 
 SIGTERM or SIGINT stops every agent and exits 0.  Exit codes: 0 clean stop,
 1 could not start (port in use, unreadable certificate), 2 bad arguments.

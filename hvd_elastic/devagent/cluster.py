@@ -75,6 +75,7 @@ class ClusterState:
         self.kv = KVStore(self.index)
         self.sessions = Sessions(self.index, self.catalog, self.kv, int(session_ttl_min * SECOND))
         self.response_cache = ResponseCache()
+        self.stale_lag_ms = 0  # X-Consul-LastContact of ?stale reads (see /_dev/stale-lag)
         self.agents: dict[str, LocalAgent] = {}
         self.servers: dict[str, HTTPServer] = {}
         for i, name in enumerate(nodes):
@@ -234,6 +235,10 @@ class DevCluster:
     def is_running(self, node: str) -> bool:
         self._known(node)
         return self._state.agents[node].running
+
+    def set_stale_lag(self, milliseconds: int) -> None:
+        """Make ``?stale`` reads report a follower this far behind its leader (X-Consul-LastContact)."""
+        self._run(_call(lambda: setattr(self._state, "stale_lag_ms", int(milliseconds))), 10.0)
 
     def watcher_count(self) -> int:
         """Blocking queries currently parked (for benchmarks and leak checks)."""

@@ -5,7 +5,11 @@ nothing here may import torch, horovod or requests.
 
 * :mod:`.hosts` -- pure rules: health entries to validated, merged host lines.
 * :mod:`.reader` -- stdlib Consul HTTP reader with a total deadline.
+* :mod:`.jobdir` -- which horovodrun job a call belongs to, and its private directory.
 * :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
+* :mod:`.cache` -- the host cache file: format, integrity and freshness.
+* :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
+* :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
 * :mod:`.options` -- flags shared with the node agent, drain and status.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 """

@@ -13,7 +13,9 @@ Contracts:
   anything else (a leading ``-``, spaces, ``:``, shell or ssh metacharacters,
   labels over 63 characters) is rejected, never repaired.
 * Slots come from a ``Meta`` value that must be a positive decimal integer in
-  ASCII digits; ``max_slots_per_host`` caps it.
+  ASCII digits, at most ``max_slots_per_host`` (default 1024): a larger value
+  (``"99999999999999999999"``) is invalid data, dropped with a warning like a
+  malformed one, never printed or silently lowered.
 * An instance is healthy only if every one of its checks (node checks such as
   ``serfHealth`` and maintenance checks included) is ``passing``.  The query
   already asks Consul for ``?passing``; checking again here keeps a proxy or an
@@ -46,6 +48,7 @@ _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
 _IPV4_OCTET = re.compile(r"(?:0|[1-9][0-9]{0,2})\Z")
 _POSITIVE_INT = re.compile(r"[1-9][0-9]*\Z")
 MAX_HOSTNAME_LENGTH = 253
+DEFAULT_MAX_SLOTS = 1024
 
 PASSING = "passing"
 MAINTENANCE_CHECK_PREFIXES = ("_node_maintenance", "_service_maintenance:")
@@ -98,7 +101,7 @@ class Decision:
 class Options:
     slots_key: str = "slots"
     default_slots: int | None = None  # used when the Meta key is absent
-    max_slots_per_host: int | None = None
+    max_slots_per_host: int = DEFAULT_MAX_SLOTS
     naming: HostNaming = HostNaming.NODE
     exclude: frozenset[str] = frozenset()  # lower-case host names
     tags: tuple[str, ...] = ()  # every one must be present
@@ -179,8 +182,8 @@ def _judge(host: str, tags: list, meta: dict, options: Options) -> tuple[Verdict
     if slots is None:
         shown = "missing" if raw is None else repr(raw)
         return Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {shown}, expected a positive integer", None
-    if options.max_slots_per_host is not None:
-        slots = min(slots, options.max_slots_per_host)
+    if slots > options.max_slots_per_host:
+        return Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {slots}, above the maximum of {options.max_slots_per_host} (--max-slots-per-host)", None
     return Verdict.ACCEPTED, "", slots
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hvd_elastic.config import ConfigError, ConsulConfig
+from hvd_elastic.config import ConfigError, ConsulConfig, parse_bool
 
 DEFAULT_SERVICE = "horovod"
 
@@ -48,6 +48,7 @@ def argument_type(convert, accept, expected: str):
 positive_int = argument_type(int, lambda v: v > 0, "a positive integer")
 positive_float = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
 non_negative_float = argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
+boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
 
 
 def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +88,7 @@ __all__ = [
     "DEFAULT_SERVICE",
     "add_consul_arguments",
     "argument_type",
+    "boolean",
     "add_service_argument",
     "consul_config",
     "env",

@@ -75,6 +75,19 @@ def get_json(
     have passed since the call began.  ``method="PUT"`` sends an idempotent,
     body-less write such as maintenance mode.  Raises :class:`ConsulError`.
     """
+    return get_answer(config, path, query, timeout=timeout, retry_window=retry_window, method=method)[0]
+
+
+def get_answer(
+    config: ConsulConfig,
+    path: str,
+    query: list[tuple[str, str]] | None = None,
+    *,
+    timeout: float = 0.8,
+    retry_window: float = 0.0,
+    method: str = "GET",
+) -> tuple[Any, dict[str, str]]:
+    """As :func:`get_json`, with the answer's headers (lower-case names: ``x-consul-index``...)."""
     params = list(query or [])
     if config.datacenter:
         params.append(("dc", config.datacenter))
@@ -99,7 +112,7 @@ def get_json(
         backoff = min(backoff * 2, 0.5)
 
 
-def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> Any:
+def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> tuple[Any, dict[str, str]]:
     where = f"Consul at {config.base_url}"
     try:
         status, headers, body = _request(config, method, url, deadline)
@@ -133,9 +146,9 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> An
     if status != 200:
         raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status)
     if not body.strip():
-        return None
+        return None, headers
     try:
-        return json.loads(body)
+        return json.loads(body), headers
     except ValueError:
         raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False, status=status) from None
 

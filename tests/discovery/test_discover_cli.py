@@ -84,15 +84,16 @@ def test_filters_from_flags_and_environment(cluster, tmp_path):
     register(other, slots="2", tags=["prod"])
     env = clean_env(tmp_path, CONSUL_HTTP_ADDR=local)
     assert run_discovery(env, "--tag", "a100").stdout == "localhost:8\n"
-    assert run_discovery(env, "--max-slots-per-host", "4").stdout == "127.0.0.1:2\nlocalhost:4\n"
+    capped = run_discovery(env, "--max-slots-per-host", "4")  # 8 slots is invalid data now: dropped, warned
+    assert capped.stdout == "127.0.0.1:2\n" and "is 8, above the maximum of 4" in capped.stderr
     assert run_discovery(env, "--exclude", "LOCALHOST").stdout == "127.0.0.1:2\n"
     assert run_discovery(env, "--filter", 'Service.Meta.slots == "2"').stdout == "127.0.0.1:2\n"
     assert run_discovery(env, "--slots-key", "gpus").stdout == ""  # both dropped: no such Meta key
     assert run_discovery(env, "--slots-key", "gpus", "--default-slots", "1").stdout == "127.0.0.1:1\nlocalhost:1\n"
     assert run_discovery(env, "--service", "other").stdout == ""
-    env.update(HVD_ELASTIC_TAGS="prod,a100", HVD_ELASTIC_MAX_SLOTS_PER_HOST="3")
-    assert run_discovery(env).stdout == "localhost:3\n"
-    assert run_discovery(env, "--max-slots-per-host", "5").stdout == "localhost:5\n"  # the flag wins
+    env.update(HVD_ELASTIC_TAGS="prod,a100", HVD_ELASTIC_MAX_SLOTS_PER_HOST="7")
+    assert run_discovery(env).stdout == ""
+    assert run_discovery(env, "--max-slots-per-host", "8").stdout == "localhost:8\n"  # the flag wins
 
 
 def test_unreachable_consul_fails_fast_with_one_line(tmp_path):

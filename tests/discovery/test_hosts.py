@@ -110,8 +110,16 @@ def test_invalid_slots_are_dropped_and_default_slots_only_fill_missing_keys():
 
 def test_slots_key_and_cap():
     e = entry("n1", meta={"gpus": "8"})
-    assert evaluate([e], Options(slots_key="gpus", max_slots_per_host=4))[0].slots == 4
+    assert evaluate([e], Options(slots_key="gpus", max_slots_per_host=8))[0].slots == 8
+    over = evaluate([e], Options(slots_key="gpus", max_slots_per_host=4))[0]
+    assert over.verdict is Verdict.BAD_SLOTS and over.warn and "8, above the maximum of 4" in over.reason
     assert evaluate([e])[0].verdict is Verdict.BAD_SLOTS
+
+
+def test_default_cap_drops_absurd_slot_counts():
+    decisions = evaluate([entry("n1", "99999999999999999999"), entry("n2", "1024"), entry("n3", "1025")])
+    assert [d.verdict for d in decisions] == [Verdict.BAD_SLOTS, Verdict.ACCEPTED, Verdict.BAD_SLOTS]
+    assert merge(decisions) == [("n2", 1024)]
 
 
 def test_exclude_and_tags():

@@ -116,13 +116,20 @@ def empty_response() -> Response:
     return Response(200, b"", {})
 
 
-def meta_headers(index: int) -> dict[str, str]:
+def meta_headers(index: int, ctx: Context | None = None) -> dict[str, str]:
+    """Consul's query-meta headers.  The dev agent is its own leader, so LastContact is 0,
+    except for ``?stale`` reads while a test simulates a lagging follower (``/_dev/stale-lag``)."""
+    consistency, last_contact = "leader", 0
+    if ctx is not None and ctx.req.has("stale"):
+        consistency, last_contact = "stale", ctx.cluster.stale_lag_ms
+    elif ctx is not None and ctx.req.has("consistent"):
+        consistency = "consistent"
     # Consul never returns index 0: a client passing ?index=0 would never block.
     return {
         "X-Consul-Index": str(max(index, 1)),
         "X-Consul-KnownLeader": "true",
-        "X-Consul-LastContact": "0",
-        "X-Consul-Effective-Consistency": "leader",
+        "X-Consul-LastContact": str(last_contact),
+        "X-Consul-Effective-Consistency": consistency,
     }
 
 
@@ -193,7 +200,7 @@ async def blocking(
     if min_index > 0:
         await ctx.cluster.index.wait_past(topics, min_index, index_fn, wait)
     index = (result_index_fn or index_fn)()
-    headers = {"Content-Type": "application/json", **meta_headers(index)}
+    headers = {"Content-Type": "application/json", **meta_headers(index, ctx)}
     if cacheable:
         query = tuple(sorted((k, tuple(v)) for k, v in ctx.req.query.items() if k not in ("index", "wait", "token")))
         key = (ctx.req.path, query, ctx.anonymous)

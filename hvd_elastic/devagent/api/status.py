@@ -3,7 +3,9 @@
 ``/_dev/`` lies outside Consul's ``/v1`` namespace on purpose: it lets a test
 or an operator kill and revive a simulated node's agent from another process
 (``PUT /_dev/node/<name>/stop`` and ``.../start``, sent to any live node's
-port; with ACLs on it needs the management token).
+port; with ACLs on it needs the management token), and make ``?stale`` reads
+report a lagging follower (``PUT /_dev/stale-lag?ms=N``: their
+``X-Consul-LastContact`` becomes N; 0 restores the leader's own answer).
 """
 
 from __future__ import annotations
@@ -42,3 +44,12 @@ async def dev_node_control(ctx: Context):
 async def dev_nodes(ctx: Context):
     return json_response({name: {"Address": ctx.cluster.node_address(name), "Running": agent.running}
                           for name, agent in sorted(ctx.cluster.agents.items())})
+
+
+@route("/_dev/stale-lag", ("PUT",), acl="operator:write")
+async def dev_stale_lag(ctx: Context):
+    lag = ctx.uint_arg("ms")
+    if lag is None:
+        raise HTTPError(400, "missing ?ms= (milliseconds a ?stale answer reports as X-Consul-LastContact)")
+    ctx.cluster.stale_lag_ms = lag
+    return empty_response()

@@ -1,0 +1,101 @@
+"""Which horovodrun job a discovery call belongs to, and the job's private directory.
+
+horovodrun runs the discovery script through ``safe_shell_exec``, whose
+middleman process calls ``setsid()`` and whose parent is the horovodrun
+driver.  The parent of our session leader therefore names the job; with its
+start time (against pid reuse) it forms the job key ``<pid>-<start ticks>``.
+A test or benchmark that runs discovery with ``start_new_session=True`` stands
+in for horovodrun the same way.
+
+Everything discovery keeps per job lives in ``<state dir>/<job key>/``: the
+first-call marker (:mod:`.firstcall`) and the host cache with its watcher's
+lock and log (:mod:`.cache`, :mod:`.watch`).  The state directory is
+``$HVD_ELASTIC_DISCOVERY_STATE_DIR``, else ``$XDG_RUNTIME_DIR/hvd-elastic``,
+else ``/tmp/hvd-elastic-<uid>``; it and every job directory are created mode
+0700 and used only while owned by this user and closed to everyone else.
+
+Import-light (``os`` only): the warm discovery path imports this every second.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def proc_stat(pid: int) -> tuple[int, str]:
+    """(parent pid, start time in clock ticks) of a process from ``/proc``; raises OSError/ValueError."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[1]), fields[19].decode("ascii")
+
+
+def job_process() -> tuple[int, str] | None:
+    """(pid, start ticks) of the process that started our session, or None when unknown."""
+    try:
+        job_pid, _ = proc_stat(os.getsid(0))
+        if job_pid <= 1:
+            return None
+        _, started = proc_stat(job_pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    return job_pid, started
+
+
+def is_horovodrun(pid: int) -> bool:
+    """True when process ``pid`` runs horovodrun (the console script or ``-m horovod.runner.launch``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(a) == b"horovodrun" or a in (b"horovod.runner.launch", b"horovod.runner") for a in args)
+
+
+def alive(pid: int, started: str) -> bool:
+    """True while process ``pid`` runs and is the one that started at ``started`` (not a reused pid)."""
+    try:
+        _, now_started = proc_stat(pid)
+    except (OSError, ValueError, IndexError):
+        return False
+    return now_started == started
+
+
+def is_private_dir(path: str) -> bool:
+    """A real directory (no symlink) owned by this user that nobody else may read or write."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (info.st_mode & 0o170000) == 0o040000 and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def state_dir(create: bool = True) -> str | None:
+    """This user's discovery state directory, or None when it is missing or not private."""
+    path = os.environ.get("HVD_ELASTIC_DISCOVERY_STATE_DIR")
+    if not path:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        path = os.path.join(runtime, "hvd-elastic") if runtime else f"/tmp/hvd-elastic-{os.getuid()}"
+    if create:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError:
+            return None
+    return path if is_private_dir(path) else None
+
+
+def job_dir(job: tuple[int, str] | None, create: bool = True) -> str | None:
+    """The private directory of ``job`` (see :func:`job_process`), or None when unusable."""
+    if job is None:
+        return None
+    base = state_dir(create)
+    if base is None:
+        return None
+    path = os.path.join(base, f"{job[0]}-{job[1]}")
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    return path if is_private_dir(path) else None

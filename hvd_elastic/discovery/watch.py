@@ -1,0 +1,260 @@
+"""The watcher: one long-running blocking query that keeps a host cache file fresh.
+
+``hvd-elastic discover --watch --cache-file PATH`` runs it in the foreground
+(an operator's cache, ``scripts/systemd/hvd-elastic-discover.service``);
+discovery's first call of a job starts one in the background
+(:func:`ensure_running`), tied to the horovodrun process.
+
+The loop follows Consul's rules for blocking queries:
+
+* the first request, and the first after any failure, is a plain read
+  (no ``?index=``): the agent may have restarted with a lower index, and a
+  blocking read would then park until its wait ran out;
+* every answer's ``X-Consul-Index`` is the next ``?index=`` (with
+  ``?wait=``); an index that went backwards resets to 0 (a plain read next),
+  and the index is kept >= 1;
+* a return is no promise of change: every successful answer, changed or
+  not, rewrites the file with its answer time, which is what keeps it fresh;
+* a failure (unreachable, 5xx, timeout, ``X-Consul-LastContact`` above
+  ``--max-stale``, no ``X-Consul-Index``) marks the file failed AT ONCE, so
+  readers query Consul directly instead of trusting the old list, then the
+  watcher backs off (0.1 s doubling to 5 s, jittered) and re-reads.
+
+Lifetime: one watcher per file (an ``flock`` on ``PATH.lock``); with a job it
+exits within half a second of that process ending, and also once no
+discovery call has read the cache for ``IDLE_EXIT_S`` (readers touch the
+lock file; a stand-in "job" such as a test runner may live long after its
+last call, and a later call simply starts a new watcher); without a job it
+runs until SIGTERM/SIGINT.  It removes its file (and lock) on the way out.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from hvd_elastic.discovery import cache, jobdir
+from hvd_elastic.discovery import hosts as hostlib
+
+log = logging.getLogger("hvd_elastic.discovery.watch")
+
+JOB_POLL_S = 0.5
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
+MIN_REQUEST_INTERVAL_S = 0.05  # Consul asks clients to rate-limit: at most 20 reads a second
+LOG_LIMIT = 1 << 20
+IDLE_EXIT_S = 60.0
+
+# (index to wait past, 0 for a plain read) -> (decisions, X-Consul-Index, monotonic answer time)
+Fetch = Callable[[int], "tuple[list[hostlib.Decision], int, float]"]
+
+
+def next_index(previous: int, answered: int) -> int:
+    """The ``?index=`` after an answer carrying ``answered`` (Consul's client rules)."""
+    if answered < previous:
+        return 0  # went backwards (a restarted agent, a new leader): start over with a plain read
+    return max(answered, 1)
+
+
+def body_of(decisions: list[hostlib.Decision]) -> tuple[bytes, bytes]:
+    """(host lines, warning lines) exactly as a direct discovery call prints them."""
+    hosts = hostlib.format_hosts(hostlib.merge(decisions)).encode()
+    warnings = "".join(
+        f"discover: dropping instance {d.service_id!r} on node {d.node!r}: {d.reason}\n".replace("\r", " ")
+        for d in decisions if d.warn
+    )
+    return hosts, warnings.encode("utf-8", "replace")
+
+
+class Publisher:
+    """Writes the watcher's answers and failures to the cache file; stops writing once closed."""
+
+    def __init__(self, path: str, key: str, max_age: float, mode: int):
+        self.path, self.key, self.max_age, self.mode = path, key, max_age, mode
+        self.pid = os.getpid()
+        self.started = jobdir.proc_stat(self.pid)[1]
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last = cache.Record(key, self.pid, self.started, max_age, 0.0, 0.0, 0, error="no answer yet")
+
+    def answer(self, decisions: list[hostlib.Decision], index: int, answered: float) -> None:
+        hosts, warnings = body_of(decisions)
+        rec = cache.Record(self.key, self.pid, self.started, self.max_age, answered, time.time(), index,
+                           hosts=hosts, warnings=warnings)
+        if self._last.error:
+            log.info("cache %s: Consul answered (index %d, %d hosts)", self.path, index, hosts.count(b"\n"))
+        self._write(rec)
+
+    def failure(self, error: str) -> None:
+        if not self._last.error:
+            log.warning("cache %s: %s; readers query Consul directly until it answers again", self.path, error)
+        last = self._last
+        self._write(cache.Record(self.key, self.pid, self.started, self.max_age, last.answered, last.wall,
+                                 last.index, error=error or "request failed"))
+
+    def _write(self, rec: cache.Record) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            cache.write(self.path, rec, self.mode)
+            self._last = rec
+
+    def close(self) -> None:
+        """Stop writing and remove the file (a reader then finds no cache, not a dead one)."""
+        with self._lock:
+            self._closed = True
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def follow(fetch: Fetch, publisher: Publisher, stop: threading.Event, failures: tuple[type[BaseException], ...]) -> None:
+    """The blocking-query loop (module docstring); returns once ``stop`` is set."""
+    index, backoff, last_start = 0, BACKOFF_MIN_S, 0.0
+    while not stop.is_set():
+        pause = last_start + MIN_REQUEST_INTERVAL_S - time.monotonic()
+        if pause > 0 and stop.wait(pause):
+            return
+        last_start = time.monotonic()
+        try:
+            decisions, answered_index, answered_at = fetch(index)
+        except failures as exc:
+            publisher.failure(str(exc))
+            index = 0
+            if stop.wait(backoff * random.uniform(0.5, 1.0)):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            continue
+        backoff = BACKOFF_MIN_S
+        publisher.answer(decisions, answered_index, answered_at)
+        index = next_index(index, answered_index)
+
+
+def try_lock(path: str) -> int | None:
+    """An fd holding an exclusive flock on ``path``, or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[int, str] | None,
+        max_age: float, mode: int = 0o600) -> int:
+    """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0."""
+    from hvd_elastic.cli import stop_on_signals  # the watcher's own process: start-up cost does not matter
+
+    lock_path = path + ".lock"
+    lock = try_lock(lock_path)
+    if lock is None:
+        log.info("another watcher keeps %s fresh; exiting", path)
+        return 0
+    publisher = Publisher(path, key, max_age, mode)
+    with stop_on_signals(log, "removing the cache and exiting") as stop:
+        loop = threading.Thread(target=follow, args=(fetch, publisher, stop, failures), name="watch", daemon=True)
+        loop.start()
+        log.info("watching for %s (pid %d, job %s)", path, os.getpid(), "-".join(job) if job else "none")
+        try:
+            while not stop.wait(JOB_POLL_S):
+                if job is not None and not jobdir.alive(int(job[0]), job[1]):
+                    log.info("job process %s is gone; exiting", job[0])
+                    break
+                if job is not None and _idle_for(lock_path) > IDLE_EXIT_S:
+                    log.info("no discovery call read the cache for %.0f s; exiting", IDLE_EXIT_S)
+                    break
+                if not loop.is_alive():
+                    log.error("the watch loop stopped unexpectedly; exiting")
+                    return 1
+        finally:
+            stop.set()
+            publisher.close()
+            try:
+                os.unlink(lock_path)
+            except OSError:
+                pass
+            os.close(lock)
+    return 0
+
+
+def _idle_for(lock_path: str) -> float:
+    """Seconds since a reader last touched the lock file (see :func:`.fast.mark_read`)."""
+    try:
+        return time.time() - os.stat(lock_path).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def is_running(path: str) -> bool:
+    """True when a watcher holds the lock of ``path``."""
+    try:
+        fd = try_lock(path + ".lock")
+    except OSError:
+        return False
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from hvd_elastic.discovery.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def without_token_flags(argv: list[str]) -> list[str]:
+    """``argv`` minus ``--token``/``--token-file`` and their values (a child gets the token by environment)."""
+    from hvd_elastic.discovery.fast import is_token_flag
+
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if is_token_flag(arg) or (len(name) > len("--token") and "--token-file".startswith(name)):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], token: str | None) -> bool:
+    """Start a background watcher for ``path`` unless one runs; True when one was started.
+
+    The child is this interpreter in isolated mode, in its own session, with
+    no inherited descriptor (horovodrun waits for EOF on the script's stdout),
+    its output appended to ``PATH.log``, and the token (if any) in its
+    environment only, never on its command line.
+    """
+    from hvd_elastic.discovery.fast import mark_read
+
+    running = is_running(path)  # creates the lock file when missing
+    mark_read(path)
+    if running:
+        return False
+    import subprocess
+
+    import hvd_elastic
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(hvd_elastic.__file__)))
+    cmd = [sys.executable, "-I", "-S", "-c", _BOOT, package_parent, "--watch", "--cache-file", path,
+           "--cache-key", key, "--job", f"{job[0]}-{job[1]}", *without_token_flags(argv)]
+    env = {k: v for k, v in os.environ.items() if k not in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE")}
+    if token:
+        env["CONSUL_HTTP_TOKEN"] = token
+    log_path = path + ".log"
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(log_fd).st_size > LOG_LIMIT:
+            os.ftruncate(log_fd, 0)
+        subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                         start_new_session=True, close_fds=True, cwd="/")
+    finally:
+        os.close(log_fd)
+    return True
