@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import subprocess
 import sys
 import textwrap
 
+from hvd_elastic.testbed import Job, child_env
 from hvd_elastic.training.events import EventLog
-
-from training_run_helpers import subprocess_env
 
 
 def test_emit_and_read_back_with_context(tmp_path):
@@ -56,9 +55,13 @@ def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
         [t.join() for t in threads]
         log.close()
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script.replace("WHO", str(who))], env=subprocess_env())
-             for who in range(2)]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    with contextlib.ExitStack() as jobs:  # both writers die with the test, also when it fails
+        writers = [jobs.enter_context(Job([sys.executable, "-c", script.replace("WHO", str(who))], env=child_env(),
+                                          logdir=tmp_path, name=f"writer-{who}"))
+                   for who in range(2)]
+        for writer in writers:
+            writer.start()
+        assert [writer.wait(timeout=60) for writer in writers] == [0, 0]
     records = EventLog.read(path)
     assert len(records) == 2 * 2 * 300
     seen = {(r["who"], r["thread"], r["i"]) for r in records}

@@ -13,28 +13,25 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+from hvd_elastic.testbed import MPI_ROOT_ENV, VENV_BIN, Job, child_env, horovodrun_elastic, host_file_discovery
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
 
-from training_run_helpers import BIN, HERE, subprocess_env
-
 pytestmark = pytest.mark.slow
 
-WORKER = str(HERE / "worker_train.py")
-MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+WORKER = Path(__file__).parent / "worker_train.py"
 TOTAL_STEPS = 48  # 3 epochs of 256 samples, 16 samples per step
+WAIT = 240.0  # seconds a job may take to reach a state: hang guards, not speed bounds
+FINISH = 300.0
 
 
-class Job:
-    """One launch of the worker: its command, environment, output folder and process."""
+class TrainJob(Job):
+    """The worker under ``launcher``, with its output folder, checkpoints and event log."""
 
     def __init__(self, workdir: Path, launcher: list[str], **env: str) -> None:
         self.workdir = workdir
@@ -42,25 +39,15 @@ class Job:
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = workdir / "ckpt"
         self.events = workdir / "events.jsonl"
-        self.env = subprocess_env(**{"OUT_DIR": str(self.out), "CKPT_DIR": str(self.ckpt_dir),
-                                     "EVENT_LOG": str(self.events), "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
-                                     **MPI_ROOT_ENV, **env})
-        self.cmd = [*launcher, sys.executable, WORKER]
-        self.logs: list[Path] = []
-        self.proc: subprocess.Popen | None = None
+        super().__init__([*launcher, sys.executable, WORKER], logdir=workdir, name="launch",
+                         env=child_env(**{"OUT_DIR": str(self.out), "CKPT_DIR": str(self.ckpt_dir),
+                                          "EVENT_LOG": str(self.events), "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
+                                          **MPI_ROOT_ENV, **env}))  # ``env`` may override the defaults
 
-    def start(self, **env: str) -> "Job":
-        for name in ("progress", "result.json"):
+    def start(self, **env: str) -> "TrainJob":
+        for name in ("progress", "result.json"):  # what the previous attempt left
             (self.out / name).unlink(missing_ok=True)
-        log = self.workdir / f"launch-{len(self.logs)}.log"
-        self.logs.append(log)
-        with open(log, "w") as f:
-            self.proc = subprocess.Popen(self.cmd, env={**self.env, **env}, stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self
-
-    def log_tail(self) -> str:
-        return self.logs[-1].read_text()[-4000:]
+        return super().start(**env)
 
     def progress(self) -> dict:
         try:
@@ -68,51 +55,15 @@ class Job:
         except (OSError, ValueError):
             return {"step": 0, "size": 0}
 
-    def wait_until(self, what: str, predicate, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert self.proc.poll() is None, f"job exited ({self.proc.returncode}) before {what}:\n{self.log_tail()}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.log_tail()}"
-            time.sleep(0.1)
-
-    def finish(self, timeout: float = 300.0) -> dict:
-        assert self.proc.wait(timeout=timeout) == 0, self.log_tail()
+    def result(self) -> dict:
+        """What rank 0 wrote at the end of a finished attempt."""
         return json.loads((self.out / "result.json").read_text())
-
-    def kill(self) -> None:
-        """The whole job at once: launcher, workers and everything they started."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            procs = []
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        psutil.wait_procs(procs, timeout=10)
 
     def checkpoint_steps(self) -> list[int]:
         return [json.loads(p.read_text())["step"] for p in CheckpointManager(self.ckpt_dir).checkpoints()]
 
     def temp_files(self) -> list[str]:
         return [n for n in os.listdir(self.ckpt_dir) if n.startswith(".tmp-")] if self.ckpt_dir.exists() else []
-
-
-def horovodrun_elastic(hosts_file: Path, *extra: str) -> list[str]:
-    """Elastic horovodrun whose hosts are whatever ``hosts_file`` says at each discovery."""
-    discover = hosts_file.with_suffix(".sh")
-    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
-    discover.chmod(0o755)
-    return [str(BIN / "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "3",
-            "--host-discovery-script", str(discover), *extra]
 
 
 def mpirun() -> list[str]:
@@ -130,11 +81,9 @@ def assert_same_training(result: dict, reference: dict) -> None:
 def reference(tmp_path_factory) -> dict:
     """An uninterrupted run under a STATIC horovodrun (-np 2, no elastic flags): the
     static-launch test and the reference every other run is compared with."""
-    job = Job(tmp_path_factory.mktemp("static"), [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2"])
-    try:
-        result = job.start().finish()
-    finally:
-        job.kill()
+    with TrainJob(tmp_path_factory.mktemp("static"), [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2"]) as job:
+        job.start().finish(FINISH)
+    result = job.result()
     events = EventLog.read(job.events)
     names = [e["event"] for e in events]
     return {"result": result, "events": names, "checkpoints": job.checkpoint_steps(), "ckpt_dir": job.ckpt_dir}
@@ -152,14 +101,12 @@ def test_static_horovodrun_runs_the_decorated_function_unchanged(reference):
 
 
 def test_whole_job_loss_resumes_from_the_last_durable_checkpoint(reference, tmp_path):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    job = Job(tmp_path, horovodrun_elastic(hosts))
-    try:
+    discover = host_file_discovery(tmp_path / "hosts", "localhost:1\n127.0.0.1:1\n")
+    with TrainJob(tmp_path, horovodrun_elastic(discover, 2, 2, 3)) as job:
         # 1. Kill everything at a random step after the first checkpoint.
         kill_step = random.randint(8, 25)  # leaves room for phase 2's two checkpoints
         job.start()
-        job.wait_until(f"step {kill_step}", lambda: job.progress()["step"] >= kill_step)
+        job.wait_until(f"step {kill_step}", lambda: job.progress()["step"] >= kill_step, WAIT)
         job.kill()
         durable = job.checkpoint_steps()
         assert durable, f"no checkpoint by step {kill_step}"
@@ -170,7 +117,7 @@ def test_whole_job_loss_resumes_from_the_last_durable_checkpoint(reference, tmp_
         stall_step = durable[0] + 10
         job.start(SLOW_WRITES_FROM_STEP=str(durable[0] + 8))
         job.wait_until("a stalled checkpoint write",
-                       lambda: job.progress()["step"] > stall_step and bool(job.temp_files()))
+                       lambda: job.progress()["step"] > stall_step and bool(job.temp_files()), WAIT)
         job.kill()
         assert job.temp_files(), "the kill should have left the write's temporary file"
         after_stall = job.checkpoint_steps()
@@ -183,11 +130,9 @@ def test_whole_job_loss_resumes_from_the_last_durable_checkpoint(reference, tmp_
         data = bytearray(payload.read_bytes())
         data[len(data) // 3] ^= 0x5A
         payload.write_bytes(bytes(data))
-        result = job.start().finish()
-    finally:
-        job.kill()
+        job.start().finish(FINISH)
 
-    assert_same_training(result, reference["result"])
+    assert_same_training(job.result(), reference["result"])
     assert f"skipping checkpoint {payload}" in job.logs[-1].read_text()
     events = EventLog.read(job.events)
     resumes = [e for e in events if e["event"] == "resume"]
@@ -202,15 +147,12 @@ def test_whole_job_loss_resumes_from_the_last_durable_checkpoint(reference, tmp_
 def test_mpirun_resumes_a_checkpoint_written_under_horovodrun(reference, tmp_path):
     """Plain mpirun (hvd.init(comm=MPI.COMM_WORLD)) picks up the static run's step-40
     checkpoint and finishes exactly like the uninterrupted run."""
-    job = Job(tmp_path, mpirun(), MPI_COMM="1")
-    shutil.copytree(reference["ckpt_dir"], job.ckpt_dir)
-    for manifest in CheckpointManager(job.ckpt_dir).checkpoints()[:2]:  # drop steps 48 and 45
-        manifest.unlink()
-    try:
-        result = job.start().finish()
-    finally:
-        job.kill()
-    assert_same_training(result, reference["result"])
+    with TrainJob(tmp_path, mpirun(), MPI_COMM="1") as job:
+        shutil.copytree(reference["ckpt_dir"], job.ckpt_dir)
+        for manifest in CheckpointManager(job.ckpt_dir).checkpoints()[:2]:  # drop steps 48 and 45
+            manifest.unlink()
+        job.start().finish(FINISH)
+    assert_same_training(job.result(), reference["result"])
     events = EventLog.read(job.events)
     names = [e["event"] for e in events]
     assert [e["step"] for e in events if e["event"] == "resume"] == [40]
@@ -225,25 +167,22 @@ def test_elastic_resets_are_logged_with_reason_and_sizes(tmp_path):
     worker can be killed without touching the event log's writer.
     """
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
+    discover = host_file_discovery(hosts, "localhost:2\n")
     # Survivors of a kill -9 may wait for Gloo's timeout before they see the error;
     # 30 s still covers a joining worker's start-up on a loaded machine.
-    job = Job(tmp_path, horovodrun_elastic(hosts, "--network-interface", "lo"),
-              STOP_FILE=str(tmp_path / "stop"), STEP_SLEEP="0.1", HOROVOD_GLOO_TIMEOUT_SECONDS="30")
-    try:
+    with TrainJob(tmp_path, horovodrun_elastic(discover, 2, 2, 3, "--network-interface", "lo"),
+                  STOP_FILE=str(tmp_path / "stop"), STEP_SLEEP="0.1", HOROVOD_GLOO_TIMEOUT_SECONDS="30") as job:
         job.start()
-        job.wait_until("2 ranks training", lambda: job.progress()["size"] == 2 and job.progress()["step"] >= 3)
+        job.wait_until("2 ranks training", lambda: job.progress()["size"] == 2 and job.progress()["step"] >= 3, WAIT)
         hosts.write_text("localhost:2\n127.0.0.1:1\n")
-        job.wait_until("3 ranks training", lambda: job.progress()["size"] == 3)
+        job.wait_until("3 ranks training", lambda: job.progress()["size"] == 3, WAIT)
         pid_file = job.out / "worker-127.0.0.1-0.pid"
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        job.wait_until("2 ranks again", lambda: job.progress()["size"] == 2)
+        job.wait_until("2 ranks again", lambda: job.progress()["size"] == 2, WAIT)
         step = job.progress()["step"]
-        job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3)
+        job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3, WAIT)
         (tmp_path / "stop").touch()
-        job.finish()
-    finally:
-        job.kill()
+        job.finish(FINISH)
     events = EventLog.read(job.events)
     resets = [e for e in events if e["event"] == "reset"]
     sizes = [(e["reason"], e["old_size"], e["new_size"]) for e in resets]

@@ -1,20 +1,6 @@
-"""Helpers shared by the training_run tests (a uniquely named module, since every
-test area has its own conftest.py)."""
+"""What ``test_checkpoint.py`` still imports by its old name; new code imports
+:func:`hvd_elastic.testbed.child_env` itself (this module goes once nothing uses it)."""
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).parent
-REPO = HERE.parent.parent
-BIN = Path(sys.executable).parent
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """The test's environment with the venv first on PATH and this checkout importable."""
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+from hvd_elastic.testbed import child_env as subprocess_env  # noqa: F401 (re-exported)
