@@ -14,40 +14,31 @@ import glob
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
+
 HERE = Path(__file__).parent
-BIN = Path(sys.executable).parent
-REPO = HERE.parent.parent
+WAIT = 180.0  # seconds the job may take to reach a state: a hang guard, not a speed bound
 
 pytestmark = pytest.mark.slow
 
 
-class Job:
-    """A horovodrun elastic job whose host set the test rewrites."""
+class ElasticJob(Job):
+    """A horovodrun elastic job whose host set the test rewrites (``hosts_file``)."""
 
     def __init__(self, out: Path, hosts: str, **env: str):
         self.out = out
         self.hosts_file = out / "hosts"
-        self.hosts_file.write_text(hosts)
-        discover = out / "discover.sh"
-        discover.write_text(f"#!/bin/sh\ncat {self.hosts_file}\n")
-        discover.chmod(0o755)
-        self.log = open(out / "horovodrun.log", "w")
-        self.proc = subprocess.Popen(
-            [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "4",
-             "--host-discovery-script", str(discover), "--blacklist-cooldown-range", "2", "3",
-             sys.executable, str(HERE / "elastic_worker.py")],
-            env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1",
-                     PYTHONPATH=str(REPO), OUT=str(out), HOROVOD_GLOO_TIMEOUT_SECONDS="15",
-                     HOROVOD_ELASTIC_TIMEOUT="60", **env),
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        discover = host_file_discovery(self.hosts_file, hosts)
+        cmd = [*horovodrun_elastic(discover, 2, 1, 4, "--blacklist-cooldown-range", "2", "3"),
+               sys.executable, HERE / "elastic_worker.py"]
+        super().__init__(cmd, logdir=out, name="horovodrun",
+                         env=child_env(OUT=str(out), HOROVOD_GLOO_TIMEOUT_SECONDS="15", HOROVOD_ELASTIC_TIMEOUT="60", **env))
 
     def progress(self) -> dict:
         try:
@@ -55,60 +46,35 @@ class Job:
         except (FileNotFoundError, json.JSONDecodeError):
             return {"steps": 0, "size": 0}
 
-    def wait(self, what: str, predicate, timeout: float = 180.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_progress(self, what: str, predicate, timeout: float = WAIT) -> dict:
+        """The first progress that satisfies ``predicate``; fails if the job exits or time runs out."""
+
+        def satisfied():
             progress = self.progress()
-            if predicate(progress):
-                return progress
-            if self.proc.poll() is not None:
-                raise AssertionError(f"horovodrun exited ({self.proc.returncode}) waiting for {what}\n{self.tail()}")
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; progress {self.progress()}\n{self.tail()}")
+            return progress if predicate(progress) else None
+
+        return self.wait_until(what, satisfied, timeout, interval=0.2)
 
     def after(self, steps: int, size: int, what: str) -> dict:
         start = self.progress()["steps"]
-        return self.wait(what, lambda p: p["size"] == size and p["steps"] >= start + steps)
+        return self.wait_progress(what, lambda p: p["size"] == size and p["steps"] >= start + steps)
 
     def worker_with_rank(self, rank: int, size: int) -> int:
         for path in glob.glob(str(self.out / "pids" / "*.json")):
             info = json.loads(Path(path).read_text())
             pid = int(Path(path).stem)
-            if info == {"rank": rank, "size": size} and _alive(pid):
+            if info == {"rank": rank, "size": size} and psutil.pid_exists(pid):
                 return pid
         raise AssertionError(f"no live worker with rank {rank} of {size}")
-
-    def tail(self) -> str:
-        self.log.flush()
-        return (self.out / "horovodrun.log").read_text()[-4000:]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def committed_ledger(out: Path, history: list) -> dict[int, list[int]]:
     """Indices per epoch from the records of committed steps; checks each step is complete."""
     records: dict[tuple, dict[int, list[int]]] = collections.defaultdict(dict)
-    for path in glob.glob(str(out / "ledger" / "*.jsonl")):
-        for line in Path(path).read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by kill -9
-            key = tuple(rec["key"])
-            previous = records[key].setdefault(rec["rank"], rec["idx"])
-            assert previous == rec["idx"], f"two different batches for rank {rec['rank']} of step {key}"
+    for rec in JsonLines(out / "ledger" / "*.jsonl").rows():  # a line cut short by kill -9 is never read
+        key = tuple(rec["key"])
+        previous = records[key].setdefault(rec["rank"], rec["idx"])
+        assert previous == rec["idx"], f"two different batches for rank {rec['rank']} of step {key}"
     per_epoch: dict[int, list[int]] = collections.defaultdict(list)
     for key in map(tuple, history):
         epoch, _, world, _ = key
@@ -120,22 +86,20 @@ def committed_ledger(out: Path, history: list) -> dict[int, list[int]]:
 
 
 def test_joins_leaves_and_kill9_keep_ranks_identical_and_samples_exactly_once(tmp_path):
-    job = Job(tmp_path, "localhost:1\n127.0.0.1:1\n")
-    try:
+    with ElasticJob(tmp_path, "localhost:1\n127.0.0.1:1\n") as job:
+        job.start()
         job.after(8, 2, "training in a world of 2")
         job.hosts_file.write_text("localhost:1\n127.0.0.1:2\n")  # a slot joins
         job.after(8, 3, "training in a world of 3 after a join")
         # A crash mid-epoch.  Horovod blacklists the victim's host (ending its
         # other worker too) until the cooldown passes; then the slots rejoin.
         os.kill(job.worker_with_rank(1, 3), signal.SIGKILL)
-        job.wait("the crash to shrink the world", lambda p: p["size"] < 3)
+        job.wait_progress("the crash to shrink the world", lambda p: p["size"] < 3)
         job.after(4, 3, "the killed host's slots to rejoin")
         job.hosts_file.write_text("127.0.0.1:2\n")  # localhost leaves gracefully
         job.after(8, 2, "training in a world of 2 after a leave")
         (tmp_path / "fast").touch()
-        assert job.proc.wait(timeout=240) == 0, job.tail()
-    finally:
-        job.close()
+        assert job.wait(timeout=240) == 0, job.log_tail()
 
     finals = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(str(tmp_path / "final-*.json")))]
     assert sorted(f["rank"] for f in finals) == list(range(finals[0]["size"])) and len(finals) == 2

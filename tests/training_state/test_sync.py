@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hvd_elastic.testbed import VENV_BIN, Job, child_env
+
 HERE = Path(__file__).parent
-BIN = Path(sys.executable).parent
-REPO = HERE.parent.parent
 
 pytestmark = pytest.mark.slow
 
 
 def test_sync_makes_a_new_rank_identical_without_moving_its_parameters(tmp_path):
-    out = subprocess.run(
-        [str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
-         sys.executable, str(HERE / "sync_worker.py")],
-        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
-                 OUT=str(tmp_path)),
-        capture_output=True, text=True, timeout=300,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    cmd = [VENV_BIN / "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, HERE / "sync_worker.py"]
+    # finish() fails on any exit but 0 (with the log tail); the workers die with the job on a hang.
+    with Job(cmd, env=child_env(OUT=str(tmp_path)), logdir=tmp_path, name="horovodrun") as job:
+        job.start().finish(timeout=300)
     r0, r1 = (json.loads((tmp_path / f"sync-{r}.json").read_text()) for r in (0, 1))
     for key in ("params", "buffers", "optimizer", "optimizer_keys", "lr", "scheduler", "sampler", "values", "rng"):
         assert r0[key] == r1[key], f"{key} differs after sync"
