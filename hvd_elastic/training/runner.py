@@ -47,6 +47,7 @@ from horovod.common.elastic import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
+from hvd_elastic.training import forksafe
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training.events import EventLog, describe_error
 
@@ -124,6 +125,7 @@ class _Session:
     def __init__(self, config: RunConfig, state) -> None:
         if not hvd.is_initialized():
             hvd.init()
+        forksafe.install()  # also for Horovod's own states: forked children drop the Gloo sockets
         if config.checkpoint_dir is not None:
             missing = [m for m in _CHECKPOINT_STATE_API if not callable(getattr(state, m, None))]
             if missing:

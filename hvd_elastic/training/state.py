@@ -62,6 +62,7 @@ import horovod.torch as hvd
 from horovod.common.elastic import State
 
 from hvd_elastic.training.batching import BatchPolicy
+from hvd_elastic.training import forksafe
 from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer, copy_tensors
 from hvd_elastic.training.rng import RNGState
 
@@ -112,6 +113,7 @@ class TrainingState(State):
         for name in values:
             if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
                 raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
+        forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
         object.__setattr__(self, "_values", dict(values))
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
         self.model = model
