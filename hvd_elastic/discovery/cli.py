@@ -67,7 +67,11 @@ _NAMINGS = [n.value for n in hostlib.HostNaming]
 host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
 
 
+cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    one_line_errors(parser)
     add_service_argument(parser)
     parser.add_argument("--tag", action="append", dest="tags", default=None, help="only instances carrying this tag; repeat for several, all must match (env HVD_ELASTIC_TAGS, comma-separated)")
     parser.add_argument("--filter", default=env("HVD_ELASTIC_FILTER"), help="Consul filter expression, e.g. 'Service.Meta.gpu_model == \"H100\"' (env HVD_ELASTIC_FILTER)")
@@ -84,9 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cache_arguments(parser)
 
 
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad input is ONE stderr line naming the value and what was expected (no usage block), exit 2."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = error
+
+
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("host cache (see discovery/README.md)")
-    group.add_argument("--cache", choices=("auto", "on", "off"), default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)")
+    group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)")
     group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)")
     group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)")
     group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)")
@@ -143,7 +156,7 @@ def fetch_health(args: argparse.Namespace, config: ConsulConfig, options: hostli
 
 def query_health(
     args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options, *, passing: bool,
-    retry_window: float = 0.0, index: int = 0, wait: float = 0.0, timeout: float | None = None,
+    retry_window: float = 0.0, index: int = 0, wait: float = 0.0, timeout: float | None = None, retry: bool = True,
 ) -> tuple[Any, dict[str, str]]:
     """(raw health entries, answer headers); a blocking read with ``index`` > 0.  Raises ConsulError.
 
@@ -154,7 +167,7 @@ def query_health(
     if index > 0:
         query += [("index", str(index)), ("wait", f"{wait:g}s")]
     timeout = args.timeout if timeout is None else timeout
-    entries, headers = get_answer(config, service_path(args.service), query, timeout=timeout, retry_window=retry_window)
+    entries, headers = get_answer(config, service_path(args.service), query, timeout=timeout, retry_window=retry_window, retry=retry)
     if args.stale:
         contact = headers.get("x-consul-lastcontact", "")
         if not contact.isdigit():
@@ -184,7 +197,7 @@ def watch_fetch(args: argparse.Namespace, config: ConsulConfig, options: hostlib
     def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
         wait = args.watch_wait
         timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(args.timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        entries, headers = query_health(args, config, options, passing=True, index=index, wait=wait, timeout=timeout)
+        entries, headers = query_health(args, config, options, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
         answered = time.monotonic()
         raw_index = headers.get("x-consul-index", "")
         if not raw_index.isdigit():

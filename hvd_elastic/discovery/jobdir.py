@@ -52,12 +52,17 @@ def is_horovodrun(pid: int) -> bool:
 
 
 def alive(pid: int, started: str) -> bool:
-    """True while process ``pid`` runs and is the one that started at ``started`` (not a reused pid)."""
+    """True while process ``pid`` runs and is the one that started at ``started`` (not a reused pid).
+
+    A zombie has exited: it counts as gone even while nobody reaps it (a
+    container's init may never do so).
+    """
     try:
-        _, now_started = proc_stat(pid)
-    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
         return False
-    return now_started == started
+    return len(fields) > 19 and fields[0] not in (b"Z", b"X") and fields[19].decode("ascii") == started
 
 
 def is_private_dir(path: str) -> bool:

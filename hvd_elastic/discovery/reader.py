@@ -86,12 +86,19 @@ def get_answer(
     timeout: float = 0.8,
     retry_window: float = 0.0,
     method: str = "GET",
+    retry: bool = True,
 ) -> tuple[Any, dict[str, str]]:
-    """As :func:`get_json`, with the answer's headers (lower-case names: ``x-consul-index``...)."""
+    """As :func:`get_json`, with the answer's headers (lower-case names: ``x-consul-index``...).
+
+    ``retry=False`` makes exactly one attempt: a caller with its own back-off
+    (the watcher) must hear of a failure at once, not after ``timeout``.
+    """
     params = list(query or [])
     if config.datacenter:
         params.append(("dc", config.datacenter))
     url = path + ("?" + urlencode(params) if params else "")
+    if not retry:
+        return _attempt(config, method, url, time.monotonic() + timeout)
     start = time.monotonic()
     window_end = start + max(timeout, retry_window)
     backoff = 0.05

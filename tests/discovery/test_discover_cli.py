@@ -12,9 +12,10 @@ import json
 import subprocess
 
 import pytest
-from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, free_port, register, run_discovery, self_signed_cert
+from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery, self_signed_cert
 
 from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.consul import refused_address
 
 pytestmark = pytest.mark.slow  # each test runs the discovery script as a process
 
@@ -97,8 +98,9 @@ def test_filters_from_flags_and_environment(cluster, tmp_path):
 
 
 def test_unreachable_consul_fails_fast_with_one_line(tmp_path):
-    env = clean_env(tmp_path, CONSUL_HTTP_ADDR=f"127.0.0.1:{free_port()}")
-    assert_failed(run_discovery(env, "--first-call-retry", "0"), 1, "cannot reach Consul")
+    with refused_address() as nobody:  # held (bound, never listening) while the call runs
+        env = clean_env(tmp_path, CONSUL_HTTP_ADDR=nobody)
+        assert_failed(run_discovery(env, "--first-call-retry", "0"), 1, "cannot reach Consul")
 
 
 def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
@@ -113,8 +115,10 @@ def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
         assert (first.returncode, first.stdout) == (0, "n1:1\n")
         assert len(server.requests) == 3
         later = run_discovery(env, "--first-call-retry", "20")
-    # The later call retried only within its own --timeout (0.8 s), not the 20 s window.
-    assert_failed(later, 1, "500", "No cluster leader", "gave up after 0.")
+    # The later call retried only within its own --timeout (0.8 s), not the 20 s window: its back-off
+    # (0.05 s doubling) fits at most 5 attempts in 0.8 s however fast the machine, the window dozens.
+    assert_failed(later, 1, "500", "No cluster leader", "gave up after")
+    assert len(server.requests) - 3 <= 5, server.requests
 
 
 def test_acl_token_is_required_and_the_flag_wins(tmp_path):
@@ -129,8 +133,10 @@ def test_acl_token_is_required_and_the_flag_wins(tmp_path):
         token_file = tmp_path / "token"
         token_file.write_text("s3cret\n")
         assert run_discovery(dict(env, CONSUL_HTTP_TOKEN_FILE=str(token_file))).stdout == "localhost:2\n"
-        result = run_discovery(env)
-        assert "s3cret" not in result.stderr
+        # A rejected token is never echoed, from the environment or from the flag.
+        for result in (run_discovery(dict(env, CONSUL_HTTP_TOKEN="wr0ng-t0ken")), run_discovery(env, "--token", "wr0ng-t0ken")):
+            assert result.returncode == 1 and "403" in result.stderr
+            assert "wr0ng-t0ken" not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize(
@@ -163,6 +169,16 @@ def test_a_silent_consul_is_cut_off_by_the_timeout(tmp_path):
         (["--host-name", "fqdn"], {}, "--host-name"),
         ([], {"HVD_ELASTIC_HOST_NAME": "fqdn"}, "'fqdn' is not one of node, service-address, node-address"),
         ([], {"HVD_ELASTIC_DEFAULT_SLOTS": "zero"}, "--default-slots"),
+        (["--max-slots-per-host", "0"], {}, "'0' is not a positive integer"),
+        (["--cache", "sometimes"], {}, "'sometimes' is not one of auto, on, off"),
+        ([], {"HVD_ELASTIC_DISCOVERY_CACHE": "sometimes"}, "'sometimes' is not one of auto, on, off"),
+        (["--stale=perhaps"], {}, "'perhaps' is not a boolean"),
+        ([], {"HVD_ELASTIC_STALE": "perhaps"}, "'perhaps' is not a boolean"),
+        (["--max-stale", "0"], {}, "--max-stale"),
+        (["--watch-wait", "-1"], {}, "--watch-wait"),
+        (["--cache-max-age", "0"], {}, "--cache-max-age"),
+        (["--watch"], {}, "--watch needs --cache-file"),
+        (["--watch", "--cache-file", "/nonexistent/dir/hosts"], {}, "'/nonexistent/dir' does not exist"),
         ([], {"CONSUL_HTTP_ADDR": "127.0.0.1:notaport"}, "CONSUL_HTTP_ADDR"),
         ([], {"CONSUL_HTTP_SSL": "maybe"}, "CONSUL_HTTP_SSL"),
         (["--client-cert", "/nonexistent.pem"], {}, "CONSUL_CLIENT_KEY"),
@@ -174,6 +190,7 @@ def test_bad_input_exits_2(tmp_path, args, env_extra, needle):
     assert result.returncode == 2, result
     assert result.stdout == ""
     assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # one line, no usage block
 
 
 def test_tls_with_ca_file(tmp_path):
