@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from consul_testing import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, clean_env
-from sizes_log import SizesLog
+
+from hvd_elastic.testbed import CONSUL_HOSTS, HVD_ELASTIC, Job, WorldSizes, child_env, horovodrun_elastic
 
 pytestmark = pytest.mark.slow
 
@@ -28,54 +28,43 @@ WORKER = Path(__file__).parent / "worker_sizes.py"
 
 def test_membership_follows_consul(cluster, node_agents, tmp_path):
     local, other = cluster.addr("localhost"), cluster.addr("127.0.0.1")
-    env = clean_env(tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local)
+    env = child_env(discovery_state=tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local)
     agent_args = ("--slots", "1", "--ttl", "2", "--interval", "0.3")
     node_agents.start(local, *agent_args, name="localhost")
 
     job_env = dict(env, SIZES_DIR=str(tmp_path), HOROVOD_GLOO_TIMEOUT_SECONDS="20", HOROVOD_ELASTIC_TIMEOUT="90")
-    log = open(tmp_path / "horovodrun.log", "w")
-    job = subprocess.Popen(
-        [str(VENV_BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-         "--host-discovery-script", f"{CONSUL_HOSTS} --http-addr {local}",
-         sys.executable, str(WORKER)],
-        env=job_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-
-    sizes = SizesLog(tmp_path)
+    cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {local}", 2, 1, 2), sys.executable, WORKER]
+    job = Job(cmd, env=job_env, logdir=tmp_path, name="horovodrun")
+    sizes = WorldSizes(tmp_path / "sizes.*.jsonl")
 
     def then(size: int, action) -> None:
         """Do ``action``, then wait until rank 0 trains at ``size``."""
         since = time.time()
         action()
-        sizes.wait_for_size(size, job, since=since)
+        sizes.wait_for_size(job, size, timeout=90, since=since)
 
     def hvd(*args: str) -> None:
         result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
 
-    try:
+    with job:
+        job.start()
         # horovodrun waits for a second host (it needs two to pick a network
         # interface) until the node agent of 127.0.0.1 starts.
         other_agent = node_agents.start(other, *agent_args, name="127.0.0.1")
-        sizes.wait_for_size(2, job)
+        sizes.wait_for_size(job, 2, timeout=90)
         then(1, lambda: hvd("drain", "--reason", "e2e"))  # drained: graceful shrink
         then(2, lambda: hvd("undrain"))  # undrained: grows again
-        then(1, lambda: other_agent.send_signal(signal.SIGSTOP))  # the node goes silent: its TTL check fails
-        other_agent.send_signal(signal.SIGKILL)
-        other_agent.wait()
+        then(1, lambda: other_agent.signal(signal.SIGSTOP))  # the node goes silent: its TTL check fails
+        other_agent.kill()
         then(2, lambda: node_agents.start(other, *agent_args, name="127.0.0.1-again"))  # a node agent starts: grow
         (tmp_path / "stop").touch()
-        assert job.wait(timeout=120) == 0
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-        log.close()
+        assert job.wait(timeout=120) == 0, job.log_tail()
 
     # Discovery recognised the job's first call: one marker, keyed by the horovodrun process.
     markers = os.listdir(env["HVD_ELASTIC_DISCOVERY_STATE_DIR"])
     assert len(markers) == 1 and markers[0].startswith(f"{job.pid}-"), markers
-    horovod_log = (tmp_path / "horovodrun.log").read_text()[-4000:]
+    horovod_log = job.log_tail()
     rows = sizes.rows()
     assert sizes.sequence() == [2, 1, 2, 1, 2], horovod_log
     survivor = next(r["pid"] for r in rows if r["host"] == "localhost")  # lives through every change
