@@ -5,7 +5,7 @@
   the project's programs are.
 * :mod:`.job`    -- :class:`Job`: a horovodrun/mpirun/service process tree in its
   own session with a log file; waiting on it, reading it, killing all of it;
-  :func:`start_node_agent`, :func:`wait_until`.
+  :func:`start_node_agent`, :func:`start_dev_agent`, :func:`wait_until`.
 * :mod:`.records` -- reading the JSON-lines files workers write, incrementally;
   :class:`WorldSizes`, the world sizes a rank trained at.
 * :mod:`.consul` -- requests to a (dev) Consul agent and discovery runs as horovodrun makes them.
@@ -18,8 +18,10 @@ Nothing here is imported by the training or discovery code paths.
 """
 
 from .env import CONSUL_HOSTS, HVD_ELASTIC, MPI_ROOT_ENV, REPO, VENV_BIN, child_env
-from .job import Job, JobError, host_file_discovery, horovodrun_elastic, start_node_agent, wait_until
+from .job import (Job, JobError, host_file_discovery, horovodrun_elastic, start_dev_agent, start_node_agent,
+                  wait_until)
 from .records import JsonLines, WorldSizes
 
 __all__ = ["CONSUL_HOSTS", "HVD_ELASTIC", "MPI_ROOT_ENV", "REPO", "VENV_BIN", "Job", "JobError", "JsonLines",
-           "WorldSizes", "child_env", "horovodrun_elastic", "host_file_discovery", "start_node_agent", "wait_until"]
+           "WorldSizes", "child_env", "horovodrun_elastic", "host_file_discovery", "start_dev_agent", "start_node_agent",
+           "wait_until"]

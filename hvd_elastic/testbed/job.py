@@ -21,6 +21,7 @@ such trees.  Contracts:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -243,6 +244,28 @@ def start_node_agent(*args: str, env: dict[str, str], logdir: Path, name: str = 
     """
     return Job([HVD_ELASTIC, "--log-level", log_level, "node-agent", *args], env=env, logdir=logdir,
                name=name).start()
+
+
+def start_dev_agent(nodes: Sequence[str], *, env: dict[str, str], logdir: Path, name: str = "consul-dev",
+                    port: int = 0, log_level: str = "WARNING") -> tuple[Job, dict[str, str]]:
+    """``hvd-elastic consul-dev`` for ``nodes`` in its own process, as Consul would run: (its Job, {node: host:port}).
+
+    Returns once every node answers.  ``port`` is the first node's HTTP port (the
+    others follow); 0 lets each take a free one, read back from the agent's ready
+    file, never guessed beforehand.  Stop it with :meth:`Job.stop` or :meth:`Job.kill`.
+    """
+    ready = Path(logdir) / f"{name}.{uuid.uuid4().hex}.ready.json"
+    job = Job([HVD_ELASTIC, "--log-level", log_level, "consul-dev", "--nodes", ",".join(nodes), "--http-port", port,
+               "--ready-file", ready], env=env, logdir=logdir, name=name)
+    job.start()
+    try:
+        text = job.wait_until("the dev agent to answer on every node",
+                              lambda: ready.exists() and ready.read_text().strip(), 60, 0.05)
+    except BaseException:
+        job.kill()  # one that never answered is not left running
+        raise
+    ready.unlink()
+    return job, json.loads(text)
 
 
 def host_file_discovery(hosts_file: Path, hosts: str) -> Path:
