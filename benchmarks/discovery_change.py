@@ -13,16 +13,21 @@ Every discovery call horovodrun makes after a change reads that file, so the
 leave latency is how long after Consul learned of a failure discovery still
 listed the host (plus up to horovodrun's 1 s polling interval).
 
+``--parked N`` adds N other watchers of the same query (other jobs'), each a
+thread that re-parks its blocking query after every answer, so the agent
+answers N + 1 watchers per change, as it must with many jobs.
+
     python benchmarks/discovery_change.py [--instances 1000] [--changes 20] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
+import http.client
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,8 +36,8 @@ sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cache_testing import DevAgentProcess, cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
-from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, private_dir, register, request  # noqa: E402
-from report import RESULTS, Row, format_table, load_note, spread, write_json  # noqa: E402
+from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, private_dir, register, request, result_path  # noqa: E402
+from report import Row, format_table, load_note, spread, write_json  # noqa: E402
 
 POLL_S = 0.002
 GIVE_UP_S = 60.0
@@ -60,12 +65,27 @@ def wait_for_file(path: Path, listed: bytes, present: bool, start: float) -> flo
         time.sleep(POLL_S)
 
 
+def park(addr: str, stop: threading.Event) -> None:
+    """Another job's watcher: blocking reads of the health query until ``stop``."""
+    index = 0
+    while not stop.is_set():
+        host, port = addr.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        try:
+            conn.request("GET", f"/v1/health/service/{SERVICE}?passing=1&index={index}&wait=60s")
+            response = conn.getresponse()
+            response.read()
+            index = int(response.headers.get("X-Consul-Index", "0"))
+        except (OSError, http.client.HTTPException, ValueError):
+            time.sleep(0.5)
+        finally:
+            conn.close()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=4)
+    parser = cluster_parser(__doc__, "discovery_change")
     parser.add_argument("--changes", type=int, default=20)
-    parser.add_argument("--json", default=None, help="default benchmarks/results/discovery_change_<instances>.json")
+    parser.add_argument("--parked", type=int, default=0, help="other watchers of the same query parked on the agent")
     args = parser.parse_args(argv)
     if min(args.instances, args.nodes) < 1 or not 1 <= args.changes <= args.instances:
         parser.error("--instances and --nodes must be >= 1, 1 <= --changes <= --instances")
@@ -87,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                     assert time.monotonic() < deadline, "the watcher never answered"
                     time.sleep(0.05)
                 path = cache_files(state)[0]
+                stop = threading.Event()
+                parked = [threading.Thread(target=park, args=(nodes[k % len(nodes)], stop), daemon=True) for k in range(args.parked)]
+                for thread in parked:
+                    thread.start()
                 step = max(args.instances // args.changes, 1)
                 for n in range(args.changes):
                     i = n * step
@@ -103,15 +127,15 @@ def main(argv: list[str] | None = None) -> int:
                     assert status == 200
                     join.append(wait_for_file(path, host_of(i), True, start))
                 size = len(request(nodes[0], "GET", f"/v1/health/service/{SERVICE}?passing=1")[1])
+                stop.set()
         finally:
             kill_watchers(state)
 
     rows = [Row("check critical -> host gone from the cache file", spread(leave)),
             Row("check passing -> host back in the cache file", spread(join))]
     print(format_table(f"host cache change latency, {args.instances} instances ({size / 1e6:.2f} MB answer), "
-                       f"{args.changes} changes; {load_note(load)}", rows))
-    path = Path(args.json) if args.json else RESULTS / f"discovery_change_{args.instances}.json"
-    write_json(path, {"instances": args.instances, "changes": args.changes, "answer_bytes": size, "rows": rows,
+                       f"{args.changes} changes, {args.parked} other watchers parked; {load_note(load)}", rows))
+    write_json(result_path(args, "discovery_change"), {"instances": args.instances, "changes": args.changes, "parked": args.parked, "answer_bytes": size, "rows": rows,
                       "leave_s": leave, "join_s": join})
     return 0
 

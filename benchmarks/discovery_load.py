@@ -18,7 +18,6 @@ inside the window, so its count includes the job's start.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -32,8 +31,8 @@ sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cache_testing import CountingProxy, DevAgentProcess, kill_watchers  # noqa: E402
-from discovery_speed import ARGS, CONSUL_HOSTS, child_env, private_dir, register  # noqa: E402
-from report import RESULTS, load_note, write_json  # noqa: E402
+from discovery_speed import ARGS, CONSUL_HOSTS, child_env, cluster_parser, private_dir, register, result_path  # noqa: E402
+from report import load_note, write_json  # noqa: E402
 
 
 def poll(env: dict[str, str], seconds: float, out: dict) -> None:
@@ -56,11 +55,8 @@ def summary(proxy: CountingProxy, calls: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=4)
+    parser = cluster_parser(__doc__, "discovery_load")
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--json", default=None, help="default benchmarks/results/discovery_load_<instances>.json")
     args = parser.parse_args(argv)
     if min(args.instances, args.nodes) < 1 or args.seconds <= 0:
         parser.error("--instances and --nodes must be >= 1, --seconds > 0")
@@ -96,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     d, c = result["direct"], result["cache"]
     print(f"cache / direct: {c['health_answers']}/{d['health_answers']} answers, "
           f"{c['bytes_sent'] / max(d['bytes_sent'], 1):.3f}x the bytes")
-    path = Path(args.json) if args.json else RESULTS / f"discovery_load_{args.instances}.json"
-    write_json(path, {"instances": args.instances, "seconds": args.seconds, **result})
+    write_json(result_path(args, "discovery_load"), {"instances": args.instances, "seconds": args.seconds, **result})
     return 0
 
 

@@ -62,6 +62,19 @@ BASE_ISOLATED = "python3 -I -S -c pass"
 BASE_PLAIN = "python3 -c pass"
 
 
+def cluster_parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The arguments every discovery benchmark shares: cluster size and where the JSON goes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=4, help="dev-agent nodes the instances are spread over")
+    parser.add_argument("--json", default=None, help=f"default benchmarks/results/{name}_<instances>.json")
+    return parser
+
+
+def result_path(args: argparse.Namespace, name: str) -> Path:
+    return Path(args.json) if args.json else RESULTS / f"{name}_{args.instances}.json"
+
+
 def request(addr: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
     host, port = addr.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -210,12 +223,9 @@ def measure(args: argparse.Namespace, agent: DevAgentProcess, workdir: Path) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=4, help="dev-agent nodes the instances are spread over")
+    parser = cluster_parser(__doc__, "discovery_speed")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--cold-runs", type=int, default=5)
-    parser.add_argument("--json", default=None, help="default benchmarks/results/discovery_speed_<instances>.json")
     args = parser.parse_args(argv)
     if min(args.instances, args.nodes, args.runs, args.cold_runs) < 1 or args.instances > 65536 * 256:
         parser.error("--instances, --nodes, --runs and --cold-runs must be >= 1")
@@ -228,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer), "
              f"{args.runs} interleaved rounds, {args.cold_runs} cold starts; {load_note(load)}")
     print(format_table(title, result["rows"]))
-    path = Path(args.json) if args.json else RESULTS / f"discovery_speed_{args.instances}.json"
-    write_json(path, result)
+    write_json(result_path(args, "discovery_speed"), result)
     return 0
 
 

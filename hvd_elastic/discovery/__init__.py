@@ -10,6 +10,7 @@ nothing here may import torch, horovod or requests.
 * :mod:`.cache` -- the host cache file: format, integrity and freshness.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
 * :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
+* :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
 * :mod:`.options` -- flags shared with the node agent, drain and status.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 """

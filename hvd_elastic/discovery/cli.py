@@ -17,8 +17,9 @@ Invalid entries (a host name that is no RFC 1123 name or IPv4 address, a slot
 count that is no positive integer or exceeds ``--max-slots-per-host``) are
 dropped with a warning on stderr.
 
-Host cache (``--cache auto``, the default): a call answers from the job's
-cache file when it is fresh (:mod:`.fast`, :mod:`.cache`); otherwise it
+Host cache (``--cache auto``, the default; flags and watchers in
+:mod:`.cachecli`): a call answers from the job's cache file when it is fresh
+(:mod:`.fast`, :mod:`.cache`); otherwise it
 queries Consul directly as below and, when horovodrun runs it (``--cache on``:
 any parent process) and stdout is no terminal, starts the job's watcher
 (:mod:`.watch`), whose single blocking query keeps the file fresh until
@@ -36,12 +37,10 @@ unreachable or has no leader yet (see :mod:`hvd_elastic.discovery.firstcall`).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
 from hvd_elastic.config import ConsulConfig
-from hvd_elastic.discovery import cache, fast, jobdir
+from hvd_elastic.discovery import cachecli, fast
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
 from hvd_elastic.discovery.options import (
@@ -67,9 +66,6 @@ _NAMINGS = [n.value for n in hostlib.HostNaming]
 host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
 
 
-cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     one_line_errors(parser)
     add_service_argument(parser)
@@ -85,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"), help="let any Consul server answer (?stale), spreading the load off the leader; answers staler than --max-stale fail (env HVD_ELASTIC_STALE; default %(default)s)")
     parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"), metavar="SECONDS", help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; default %(default)s)")
     add_consul_arguments(parser)
-    add_cache_arguments(parser)
+    cachecli.add_cache_arguments(parser)
 
 
 def one_line_errors(parser: argparse.ArgumentParser) -> None:
@@ -95,26 +91,6 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
     parser.error = error
-
-
-def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("host cache (see discovery/README.md)")
-    group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)")
-    group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)")
-    group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)")
-    group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)")
-    group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)")
-    # Set by ensure_running for the job's own watcher, never by hand.
-    group.add_argument("--cache-key", help=argparse.SUPPRESS)
-    group.add_argument("--job", type=job_type, help=argparse.SUPPRESS)
-
-
-job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
-
-
-def cache_max_age(args: argparse.Namespace) -> float:
-    """The freshness bound: explicit, or a few seconds beyond the longest a blocking query may park."""
-    return args.cache_max_age or args.watch_wait * 17 / 16 + 5.0
 
 
 def options_from_args(args: argparse.Namespace) -> hostlib.Options:
@@ -187,43 +163,15 @@ def discover(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Op
     return hostlib.merge(decisions), decisions
 
 
-WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a large answer may take its time
-WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
-
-
-def watch_fetch(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options):
-    """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time)."""
-
-    def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
-        wait = args.watch_wait
-        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(args.timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        entries, headers = query_health(args, config, options, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
-        answered = time.monotonic()
-        raw_index = headers.get("x-consul-index", "")
-        if not raw_index.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it", retryable=True)
-        return hostlib.evaluate(entries, options), int(raw_index), answered
-
-    return fetch
-
-
-def fingerprint(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> str:
-    """What an operator's cache must have been written for: every setting that shapes the output."""
-    settings = (config.base_url, config.datacenter, args.service, options.tags, args.filter, args.stale,
-                args.max_stale if args.stale else None, options.slots_key, options.default_slots,
-                options.max_slots_per_host, options.naming.value, sorted(options.exclude))
-    return "settings-" + cache.sha256_hex(repr(settings).encode())
-
-
 def warn_dropped(decisions: list[hostlib.Decision]) -> None:
     """Log one warning per instance dropped for invalid data (host name or slots)."""
-    dropped = [d for d in decisions if d.warn]
-    if dropped:
+    warnings = hostlib.drop_warnings(decisions)
+    if warnings:
         import logging  # only when needed: this path runs every second under horovodrun
 
         log = logging.getLogger("hvd_elastic.discovery")
-        for d in dropped:
-            log.warning("discover: dropping instance %r on node %r: %s", d.service_id, d.node, d.reason)
+        for line in warnings:
+            log.warning("%s", line)
 
 
 FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
@@ -238,75 +186,11 @@ def explain_failure(command: str, service: str, exc: Exception) -> int:
     return 2 if isinstance(exc, ConfigError) else 1
 
 
-def raw_argv(args: argparse.Namespace) -> list[str]:
-    """The discovery arguments as given, which key the job's cache (see :mod:`.fast`)."""
-    if getattr(args, "raw_argv", None) is not None:
-        return args.raw_argv
-    argv = sys.argv[1:]  # hvd-elastic [global options] discover ARGS
-    return argv[argv.index("discover") + 1:] if "discover" in argv else argv
-
-
-def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> cache.Record | None:
-    """The operator's cache (--cache-file) when it is fresh and written for these settings."""
-    try:
-        rec = cache.load(args.cache_file, fingerprint(args, config, options), (os.getuid(), 0))
-    except cache.CacheInvalid as exc:
-        print(f"discover: ignoring the host cache {args.cache_file}: {exc}", file=sys.stderr)
-        return None
-    return rec if rec is not None and cache.untrusted_reason(rec) is None else None
-
-
-def start_job_watcher(args: argparse.Namespace, config: ConsulConfig) -> None:
-    """Start the job's watcher for this command line unless it runs (or this is no job's call)."""
-    if args.cache == "off" or args.cache_file or sys.stdout.isatty():
-        return  # off, an operator's cache, or a person at a terminal: no background process
-    argv = raw_argv(args)
-    job = jobdir.job_process()
-    if job is None or (args.cache == "auto" and not jobdir.is_horovodrun(job[0])):
-        return
-    where = fast.job_cache_path(argv, create=True)
-    if where is None:
-        return
-    from hvd_elastic.discovery import watch
-
-    try:
-        watch.ensure_running(where[0], where[1], job, argv, config.token)
-    except OSError as exc:  # the direct answer stands; the next call tries again
-        print(f"discover: cannot start the host cache watcher: {exc}", file=sys.stderr)
-
-
-def run_watch(args: argparse.Namespace) -> int:
-    """``--watch``: keep ``--cache-file`` fresh until stopped."""
-    import logging
-
-    from hvd_elastic.discovery import watch
-
-    if not args.cache_file:
-        print("discover: --watch needs --cache-file PATH (the file to keep fresh)", file=sys.stderr)
-        return 2
-    directory = os.path.dirname(os.path.abspath(args.cache_file))
-    if not os.path.isdir(directory):
-        print(f"discover: --cache-file {args.cache_file!r}: directory {directory!r} does not exist", file=sys.stderr)
-        return 2
-    try:
-        config = consul_config(args)
-        options = options_from_args(args)
-    except ConfigError as exc:
-        return explain_failure("discover", args.service, exc)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    key = args.cache_key or fingerprint(args, config, options)
-    # A job's own cache is private; an operator's is readable by the users whose jobs read it.
-    mode = 0o600 if args.job else 0o644
-    return watch.run(args.cache_file, key, watch_fetch(args, config, options), FAILURES, job=args.job,
-                     max_age=cache_max_age(args), mode=mode)
-
-
 def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
     if args.watch:
-        return run_watch(args)
+        return cachecli.run_watch(args)
     if args.cache != "off" and not args.cache_file and not cache_tried:
-        rec = fast.cached_answer(raw_argv(args))
+        rec = fast.cached_answer(cachecli.raw_argv(args))
         if rec is not None:
             return fast.emit(rec)
     try:
@@ -315,7 +199,7 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
     except ConfigError as exc:
         return explain_failure("discover", args.service, exc)
     if args.cache != "off" and args.cache_file:
-        rec = operator_cache(args, config, options)
+        rec = cachecli.operator_cache(args, config, options)
         if rec is not None:
             return fast.emit(rec)
     try:
@@ -323,13 +207,13 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
     except FAILURES as exc:
         code = explain_failure("discover", args.service, exc)
         if code == 1:
-            start_job_watcher(args, config)
+            cachecli.start_job_watcher(args, config)
         return code
     warn_dropped(decisions)
     # One write of the complete list: a reader never sees a partial one.
     sys.stdout.write(hostlib.format_hosts(found))
     sys.stdout.flush()
-    start_job_watcher(args, config)
+    cachecli.start_job_watcher(args, config)
     return 0
 
 

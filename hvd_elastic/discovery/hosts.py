@@ -223,6 +223,11 @@ def merge(decisions: Iterable[Decision]) -> list[tuple[str, int]]:
     return sorted(slots_by_host.items())
 
 
+def drop_warnings(decisions: Iterable[Decision]) -> list[str]:
+    """One warning per instance dropped for invalid data (host name or slots), as discovery prints it."""
+    return [f"discover: dropping instance {d.service_id!r} on node {d.node!r}: {d.reason}" for d in decisions if d.warn]
+
+
 def format_hosts(hosts: Sequence[tuple[str, int]]) -> str:
     """horovodrun's host-discovery output: ``host:slots`` lines."""
     return "".join(f"{host}:{slots}\n" for host, slots in hosts)

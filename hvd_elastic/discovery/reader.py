@@ -59,23 +59,12 @@ def _error_text(body: bytes) -> str:
     return text[0][:200] if text else "(empty body)"
 
 
-def get_json(
-    config: ConsulConfig,
-    path: str,
-    query: list[tuple[str, str]] | None = None,
-    *,
-    timeout: float = 0.8,
-    retry_window: float = 0.0,
-    method: str = "GET",
-) -> Any:
+def get_json(config: ConsulConfig, path: str, query: list[tuple[str, str]] | None = None, **how) -> Any:
     """GET ``path`` (already URL-quoted) and decode its JSON body (None when empty).
 
-    Each attempt may use at most ``timeout`` seconds; retryable failures are
-    retried with a short back-off until ``max(timeout, retry_window)`` seconds
-    have passed since the call began.  ``method="PUT"`` sends an idempotent,
-    body-less write such as maintenance mode.  Raises :class:`ConsulError`.
+    Keywords as :func:`get_answer` (``timeout``, ``retry_window``, ``method``, ``retry``).
     """
-    return get_answer(config, path, query, timeout=timeout, retry_window=retry_window, method=method)[0]
+    return get_answer(config, path, query, **how)[0]
 
 
 def get_answer(
@@ -88,10 +77,14 @@ def get_answer(
     method: str = "GET",
     retry: bool = True,
 ) -> tuple[Any, dict[str, str]]:
-    """As :func:`get_json`, with the answer's headers (lower-case names: ``x-consul-index``...).
+    """(decoded JSON body or None when empty, headers with lower-case names such as ``x-consul-index``).
 
-    ``retry=False`` makes exactly one attempt: a caller with its own back-off
-    (the watcher) must hear of a failure at once, not after ``timeout``.
+    Each attempt may use at most ``timeout`` seconds; retryable failures are
+    retried with a short back-off until ``max(timeout, retry_window)`` seconds
+    have passed since the call began.  ``retry=False`` makes exactly one
+    attempt: a caller with its own back-off (the watcher) must hear of a
+    failure at once.  ``method="PUT"`` sends an idempotent, body-less write
+    such as maintenance mode.  Raises :class:`ConsulError`.
     """
     params = list(query or [])
     if config.datacenter:

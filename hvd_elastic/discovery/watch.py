@@ -64,10 +64,8 @@ def next_index(previous: int, answered: int) -> int:
 def body_of(decisions: list[hostlib.Decision]) -> tuple[bytes, bytes]:
     """(host lines, warning lines) exactly as a direct discovery call prints them."""
     hosts = hostlib.format_hosts(hostlib.merge(decisions)).encode()
-    warnings = "".join(
-        f"discover: dropping instance {d.service_id!r} on node {d.node!r}: {d.reason}\n".replace("\r", " ")
-        for d in decisions if d.warn
-    )
+    # One line each: repr() already escapes a newline inside a value, a reason carries none.
+    warnings = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in hostlib.drop_warnings(decisions))
     return hosts, warnings.encode("utf-8", "replace")
 
 

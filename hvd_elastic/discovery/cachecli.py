@@ -1,0 +1,141 @@
+"""The host cache's command-line side: its flags, which cache a call may print, and the watchers.
+
+:mod:`.cli` calls in here; the file format is :mod:`.cache`, the warm path
+:mod:`.fast`, the blocking-query loop :mod:`.watch`.
+
+* :func:`start_job_watcher` -- after a direct query, start the job's watcher
+  for this command line (only under horovodrun with ``--cache auto``, never
+  for a terminal).
+* :func:`operator_cache` -- an operator's ``--cache-file``, printed only when
+  fresh and written for the same settings (:func:`fingerprint`).
+* :func:`run_watch` -- ``--watch``: the watcher process itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from hvd_elastic.config import ConsulConfig
+from hvd_elastic.discovery import cache, fast, jobdir
+from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery.options import ConfigError, argument_type, consul_config, env, positive_float
+from hvd_elastic.discovery.reader import ConsulError
+
+cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("host cache (see discovery/README.md)")
+    group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)")
+    group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)")
+    group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)")
+    group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)")
+    group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)")
+    # Set by ensure_running for the job's own watcher, never by hand.
+    group.add_argument("--cache-key", help=argparse.SUPPRESS)
+    group.add_argument("--job", type=job_type, help=argparse.SUPPRESS)
+
+
+job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
+
+
+def cache_max_age(args: argparse.Namespace) -> float:
+    """The freshness bound: explicit, or a few seconds beyond the longest a blocking query may park."""
+    return args.cache_max_age or args.watch_wait * 17 / 16 + 5.0
+
+
+WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a large answer may take its time
+WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
+
+
+def watch_fetch(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options):
+    """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time)."""
+
+    from hvd_elastic.discovery import cli
+
+    def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
+        wait = args.watch_wait
+        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(args.timeout, WATCH_PLAIN_READ_TIMEOUT_S)
+        entries, headers = cli.query_health(args, config, options, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
+        answered = time.monotonic()
+        raw_index = headers.get("x-consul-index", "")
+        if not raw_index.isdigit():
+            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it", retryable=True)
+        return hostlib.evaluate(entries, options), int(raw_index), answered
+
+    return fetch
+
+
+def fingerprint(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> str:
+    """What an operator's cache must have been written for: every setting that shapes the output."""
+    settings = (config.base_url, config.datacenter, args.service, options.tags, args.filter, args.stale,
+                args.max_stale if args.stale else None, options.slots_key, options.default_slots,
+                options.max_slots_per_host, options.naming.value, sorted(options.exclude))
+    return "settings-" + cache.sha256_hex(repr(settings).encode())
+
+
+def raw_argv(args: argparse.Namespace) -> list[str]:
+    """The discovery arguments as given, which key the job's cache (see :mod:`.fast`)."""
+    if getattr(args, "raw_argv", None) is not None:
+        return args.raw_argv
+    argv = sys.argv[1:]  # hvd-elastic [global options] discover ARGS
+    return argv[argv.index("discover") + 1:] if "discover" in argv else argv
+
+
+def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> cache.Record | None:
+    """The operator's cache (--cache-file) when it is fresh and written for these settings."""
+    try:
+        rec = cache.load(args.cache_file, fingerprint(args, config, options), (os.getuid(), 0))
+    except cache.CacheInvalid as exc:
+        print(f"discover: ignoring the host cache {args.cache_file}: {exc}", file=sys.stderr)
+        return None
+    return rec if rec is not None and cache.untrusted_reason(rec) is None else None
+
+
+def start_job_watcher(args: argparse.Namespace, config: ConsulConfig) -> None:
+    """Start the job's watcher for this command line unless it runs (or this is no job's call)."""
+    if args.cache == "off" or args.cache_file or sys.stdout.isatty():
+        return  # off, an operator's cache, or a person at a terminal: no background process
+    argv = raw_argv(args)
+    job = jobdir.job_process()
+    if job is None or (args.cache == "auto" and not jobdir.is_horovodrun(job[0])):
+        return
+    where = fast.job_cache_path(argv, create=True)
+    if where is None:
+        return
+    from hvd_elastic.discovery import watch
+
+    try:
+        watch.ensure_running(where[0], where[1], job, argv, config.token)
+    except OSError as exc:  # the direct answer stands; the next call tries again
+        print(f"discover: cannot start the host cache watcher: {exc}", file=sys.stderr)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """``--watch``: keep ``--cache-file`` fresh until stopped."""
+    import logging
+
+    from hvd_elastic.discovery import cli, watch
+
+    if not args.cache_file:
+        print("discover: --watch needs --cache-file PATH (the file to keep fresh)", file=sys.stderr)
+        return 2
+    directory = os.path.dirname(os.path.abspath(args.cache_file))
+    if not os.path.isdir(directory):
+        print(f"discover: --cache-file {args.cache_file!r}: directory {directory!r} does not exist", file=sys.stderr)
+        return 2
+    try:
+        config = consul_config(args)
+        options = cli.options_from_args(args)
+    except ConfigError as exc:
+        return cli.explain_failure("discover", args.service, exc)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    key = args.cache_key or fingerprint(args, config, options)
+    # A job's own cache is private; an operator's is readable by the users whose jobs read it.
+    mode = 0o600 if args.job else 0o644
+    return watch.run(args.cache_file, key, watch_fetch(args, config, options), cli.FAILURES, job=args.job,
+                     max_age=cache_max_age(args), mode=mode)
