@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +28,12 @@ import time
 from pathlib import Path
 
 from hvd_elastic.discovery.options import non_negative_float, positive_float, positive_int
+from hvd_elastic.testbed import (CONSUL_HOSTS, REPO, Job, JobError, JsonLines, child_env, horovodrun_elastic,
+                                 start_node_agent, wait_until)
 from hvd_elastic.training.events import EventLog
 
 log = logging.getLogger("hvd_elastic.demo")
 
-REPO = Path(__file__).resolve().parent.parent
 NODES = ("localhost", "127.0.0.1")
 SERVICE = "horovod"
 
@@ -56,83 +54,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds each phase may take before the demo gives up (default %(default)s)")
 
 
-class Job:
-    """One horovodrun process group and the progress log its rank 0 writes."""
-
-    def __init__(self, args: argparse.Namespace, workdir: Path, consul_addr: str, attempt: int):
-        self.progress = workdir / "progress.jsonl"
-        self.log_path = workdir / f"horovodrun.{attempt}.log"
-        bindir = os.path.dirname(sys.executable)
-        env = dict(os.environ, CONSUL_HTTP_ADDR=consul_addr, PYTHONUNBUFFERED="1",
-                   PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
-                   HOROVOD_GLOO_TIMEOUT_SECONDS="30")
-        command = [
-            os.path.join(bindir, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-            "--host-discovery-script", str(REPO / "discovery" / "consul_hosts"),
-            sys.executable, str(REPO / "examples" / "train_elastic.py"), "--workdir", str(workdir),
-            "--epochs", str(args.epochs), "--samples", str(args.samples), "--step-delay", str(args.step_delay),
-        ]
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def records(self) -> list[dict]:
-        if not self.progress.exists():
-            return []
-        with open(self.progress) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-
-    def wait_steps(self, size: int, steps: int, timeout: float, what: str) -> None:
-        """Wait until ``steps`` steps were committed at world size ``size`` since now."""
-        start = len(self.records())
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done = sum(1 for r in self.records()[start:] if r["size"] == size)
-            if done >= steps:
-                return
-            if self.proc.poll() is not None:
-                raise DemoFailed(f"{what}: horovodrun exited with {self.proc.returncode}; see {self.log_path}")
-            time.sleep(0.2)
-        raise DemoFailed(f"{what}: no {steps} steps at world size {size} within {timeout:.0f}s; see {self.log_path}")
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self._log.close()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.kill()
-            self._log.close()
+def _training_job(args: argparse.Namespace, workdir: Path, env: dict[str, str]) -> Job:
+    """horovodrun running examples/train_elastic.py on the hosts Consul lists; each start() is one attempt."""
+    cmd = [*horovodrun_elastic(CONSUL_HOSTS, 2, 1, 2),
+           sys.executable, REPO / "examples" / "train_elastic.py", "--workdir", workdir,
+           "--epochs", args.epochs, "--samples", args.samples, "--step-delay", args.step_delay]
+    return Job(cmd, env=dict(env, HOROVOD_GLOO_TIMEOUT_SECONDS="30"), logdir=workdir, name="horovodrun")
 
 
-def _hvd_elastic(*args: str, consul_addr: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CONSUL_HTTP_ADDR=consul_addr)
+def _wait_steps(job: Job, progress: JsonLines, size: int, steps: int, timeout: float, what: str) -> None:
+    """Wait until ``steps`` steps were committed at world size ``size`` since now."""
+    start = len(progress.rows())
+    try:
+        job.wait_until(f"{steps} steps at world size {size}",
+                       lambda: sum(1 for r in progress.rows()[start:] if r["size"] == size) >= steps, timeout, 0.2)
+    except JobError as exc:
+        raise DemoFailed(f"{what}: {str(exc).splitlines()[0]}; see {job.logs[-1]}") from None
+
+
+def _hvd_elastic(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hvd_elastic.cli", *args], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
-def _start_node_agent(node: str, consul_addr: str, workdir: Path) -> subprocess.Popen:
-    env = dict(os.environ, CONSUL_HTTP_ADDR=consul_addr)
-    with open(workdir / f"node-agent.{node}.log", "w") as log_file:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "hvd_elastic.cli", "node-agent", "--service", SERVICE, "--slots", "1",
-             "--ttl", "5", "--checkpoint-path", str(workdir), "--min-free-disk", "64M", "--min-free-memory", "64M"],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+def _start_node_agent(node: str, env: dict[str, str], workdir: Path) -> Job:
+    return start_node_agent("--service", SERVICE, "--slots", "1", "--ttl", "5", "--checkpoint-path", str(workdir),
+                            "--min-free-disk", "64M", "--min-free-memory", "64M",
+                            env=env, logdir=workdir, name=f"node-agent.{node}")
 
 
-def _wait_discovered(consul_addr: str, expected: list[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = _hvd_elastic("discover", consul_addr=consul_addr)
-        if out.returncode == 0 and sorted(out.stdout.split()) == sorted(expected):
-            return
-        time.sleep(0.3)
-    raise DemoFailed(f"discovery never printed {expected}")
+def _stop_node_agents(agents: list[Job]) -> None:
+    """SIGTERM, so each agent deregisters; one that does not stop within 10 s is killed."""
+    for agent in agents:
+        with contextlib.suppress(JobError):
+            agent.stop(timeout=10)
+
+
+def _wait_discovered(env: dict[str, str], expected: list[str], timeout: float) -> None:
+    def listed() -> bool:
+        out = _hvd_elastic("discover", env=env)
+        return out.returncode == 0 and sorted(out.stdout.split()) == sorted(expected)
+
+    try:
+        wait_until(f"discovery to print {expected}", listed, timeout, interval=0.3)
+    except JobError:
+        raise DemoFailed(f"discovery never printed {expected}") from None
 
 
 def _say(message: str) -> None:
@@ -160,51 +126,48 @@ def _summary(workdir: Path) -> list[dict]:
 def run_demo(args: argparse.Namespace, workdir: Path) -> int:
     from hvd_elastic.devagent import DevCluster
 
-    agents: dict[str, subprocess.Popen] = {}
-    job: Job | None = None
-    with DevCluster(nodes=list(NODES)) as cluster:
+    progress = JsonLines(workdir / "progress.jsonl")
+    # The ExitStack ends everything the demo started, on every path: the job first,
+    # then the node agents (gracefully, then for sure), then the dev agent.
+    with DevCluster(nodes=list(NODES)) as cluster, contextlib.ExitStack() as cleanup:
         addr = {node: cluster.addr(node) for node in NODES}
+        # The user's own settings (HVD_ELASTIC_*, CONSUL_*) reach every child; only the agent address is the demo's.
+        env = {node: child_env(scrub=False, CONSUL_HTTP_ADDR=addr[node]) for node in NODES}
         _say(f"Consul dev agents: {', '.join(f'{n} at {a}' for n, a in addr.items())}")
+        agents = [cleanup.enter_context(_start_node_agent(node, env[node], workdir)) for node in NODES]
+        cleanup.callback(_stop_node_agents, agents)
+        _wait_discovered(env["localhost"], ["localhost:1", "127.0.0.1:1"], timeout=30)
+        _say("node agents registered; discovery prints localhost:1 and 127.0.0.1:1")
+
+        job = cleanup.enter_context(_training_job(args, workdir, env["localhost"]))
+        job.start()
+        _wait_steps(job, progress, 2, args.phase_steps, args.timeout, "start")
+        _say(f"training at world size 2 (log: {job.logs[-1]})")
+
+        out = _hvd_elastic("drain", "--service", SERVICE, "--reason", "demo: node reclaimed", env=env["127.0.0.1"])
+        _say(f"hvd-elastic drain on 127.0.0.1: {out.stdout.strip() or out.stderr.strip()}")
+        _wait_steps(job, progress, 1, args.phase_steps, args.timeout, "drain")
+        _say("job shrank to world size 1 without a rollback")
+
+        out = _hvd_elastic("undrain", "--service", SERVICE, env=env["127.0.0.1"])
+        _say(f"hvd-elastic undrain on 127.0.0.1: {out.stdout.strip() or out.stderr.strip()}")
+        _wait_steps(job, progress, 2, args.phase_steps, args.timeout, "undrain")
+        _say("job grew back to world size 2")
+
+        job.kill()
+        last = progress.rows()[-1]
+        _say(f"killed the whole job (SIGKILL) at step {last['step']}, epoch {last['epoch']}")
+
+        job.start()
+        _say("started the job again with the same --workdir")
         try:
-            for node in NODES:
-                agents[node] = _start_node_agent(node, addr[node], workdir)
-            _wait_discovered(addr["localhost"], ["localhost:1", "127.0.0.1:1"], timeout=30)
-            _say("node agents registered; discovery prints localhost:1 and 127.0.0.1:1")
-
-            job = Job(args, workdir, addr["localhost"], attempt=1)
-            job.wait_steps(2, args.phase_steps, args.timeout, "start")
-            _say(f"training at world size 2 (log: {job.log_path})")
-
-            out = _hvd_elastic("drain", "--service", SERVICE, "--reason", "demo: node reclaimed",
-                               consul_addr=addr["127.0.0.1"])
-            _say(f"hvd-elastic drain on 127.0.0.1: {out.stdout.strip() or out.stderr.strip()}")
-            job.wait_steps(1, args.phase_steps, args.timeout, "drain")
-            _say("job shrank to world size 1 without a rollback")
-
-            out = _hvd_elastic("undrain", "--service", SERVICE, consul_addr=addr["127.0.0.1"])
-            _say(f"hvd-elastic undrain on 127.0.0.1: {out.stdout.strip() or out.stderr.strip()}")
-            job.wait_steps(2, args.phase_steps, args.timeout, "undrain")
-            _say("job grew back to world size 2")
-
-            job.kill()
-            last = job.records()[-1]
-            _say(f"killed the whole job (SIGKILL) at step {last['step']}, epoch {last['epoch']}")
-
-            job = Job(args, workdir, addr["localhost"], attempt=2)
-            _say("started the job again with the same --workdir")
             code = job.wait(args.timeout * 2)
-            if code != 0:
-                raise DemoFailed(f"restarted job exited with {code}; see {job.log_path}")
-            final = job.records()[-1]
-            _say(f"job finished: epoch {args.epochs}, step {final['step']}, loss {final['loss']}")
-        finally:
-            if job is not None and job.proc.poll() is None:
-                job.kill()
-            for proc in agents.values():
-                proc.terminate()
-            for proc in agents.values():
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
+        except JobError:
+            raise DemoFailed(f"restarted job did not finish within {args.timeout * 2:.0f}s; see {job.logs[-1]}") from None
+        if code != 0:
+            raise DemoFailed(f"restarted job exited with {code}; see {job.logs[-1]}")
+        final = progress.rows()[-1]
+        _say(f"job finished: epoch {args.epochs}, step {final['step']}, loss {final['loss']}")
     print("summary (from events.jsonl):")
     events = _summary(workdir)
     resets = [(e["old_size"], e["new_size"]) for e in events if e["event"] == "reset"]

@@ -23,7 +23,7 @@ MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM":
 _SCRUBBED_PREFIXES = ("CONSUL_", "HVD_ELASTIC_")
 
 
-def child_env(base: Mapping[str, str] | None = None, *, discovery_state: str | Path | None = None,
+def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, discovery_state: str | Path | None = None,
               **extra: str) -> dict[str, str]:
     """``base`` (default ``os.environ``) without ``CONSUL_*``/``HVD_ELASTIC_*``, plus ``extra``.
 
@@ -34,9 +34,12 @@ def child_env(base: Mapping[str, str] | None = None, *, discovery_state: str | P
     ``HVD_ELASTIC_DISCOVERY_STATE_DIR``, where ``discovery/consul_hosts`` keeps its
     first-call markers: give each job its own (a private folder, mode 0700, such as
     pytest's ``tmp_path``) so no run writes to or reads the shared default in /tmp.
-    ``extra`` is applied last and wins over all of the above.
+    ``scrub=False`` keeps the ``CONSUL_*``/``HVD_ELASTIC_*`` settings of ``base``:
+    for what a user runs (the demo), whose own settings (a state directory, a log
+    level) must reach every child.  ``extra`` is applied last and wins over all of the above.
     """
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(_SCRUBBED_PREFIXES)}
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not (scrub and k.startswith(_SCRUBBED_PREFIXES))}
     env["PATH"] = os.pathsep.join(filter(None, [str(VENV_BIN), env.get("PATH")]))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
