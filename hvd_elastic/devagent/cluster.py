@@ -76,6 +76,7 @@ class ClusterState:
         self.sessions = Sessions(self.index, self.catalog, self.kv, int(session_ttl_min * SECOND))
         self.response_cache = ResponseCache()
         self.stale_lag_ms = 0  # X-Consul-LastContact of ?stale reads (see /_dev/stale-lag)
+        self.health_row_cache: dict = {}  # encoded health rows by (node, service id), see api.health
         self.agents: dict[str, LocalAgent] = {}
         self.servers: dict[str, HTTPServer] = {}
         for i, name in enumerate(nodes):

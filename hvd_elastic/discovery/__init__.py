@@ -4,7 +4,7 @@ Kept import-light on purpose: horovodrun runs discovery every second, so
 nothing here may import torch, horovod or requests.
 
 * :mod:`.hosts` -- pure rules: health entries to validated, merged host lines.
-* :mod:`.reader` -- stdlib Consul HTTP reader with a total deadline.
+* :mod:`.reader` -- stdlib Consul HTTP reader with a total deadline (its error: :mod:`.errors`).
 * :mod:`.jobdir` -- which horovodrun job a call belongs to, and its private directory.
 * :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
 * :mod:`.cache` -- the host cache file: format, integrity and freshness.

@@ -22,7 +22,7 @@ from hvd_elastic.config import ConsulConfig
 from hvd_elastic.discovery import cache, fast, jobdir
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.options import ConfigError, argument_type, consul_config, env, positive_float
-from hvd_elastic.discovery.reader import ConsulError
+from hvd_elastic.discovery.errors import ConsulError
 
 cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
 

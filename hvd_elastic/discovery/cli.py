@@ -56,7 +56,7 @@ from hvd_elastic.discovery.options import (
     positive_float,
     positive_int,
 )
-from hvd_elastic.discovery.reader import ConsulError, check_not_hidden, get_answer
+from hvd_elastic.discovery.errors import ConsulError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
@@ -139,6 +139,8 @@ def query_health(
     With ``--stale`` an answer whose ``X-Consul-LastContact`` exceeds
     ``--max-stale`` (or that does not say) is a retryable failure.
     """
+    from hvd_elastic.discovery.reader import check_not_hidden, get_answer  # socket, json: not on the cached path
+
     query = health_query(args, options, passing=passing)
     if index > 0:
         query += [("index", str(index)), ("wait", f"{wait:g}s")]

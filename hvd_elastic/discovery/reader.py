@@ -21,23 +21,11 @@ from urllib.parse import urlencode
 
 from hvd_elastic.config import ConfigError, ConsulConfig
 from hvd_elastic.discovery import wire
+from hvd_elastic.discovery.errors import ConsulError, ConsulTimeout  # noqa: F401 (re-exported)
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from typing import Any
-
-
-class ConsulError(RuntimeError):
-    """A Consul request failed; ``str()`` is a one-line explanation."""
-
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
-        super().__init__(message)
-        self.retryable = retryable
-        self.status = status
-
-
-class ConsulTimeout(ConsulError):
-    """The deadline passed before Consul answered."""
 
 
 def _request(config: ConsulConfig, method: str, target: str, deadline: float) -> tuple[int, dict[str, str], bytes]:

@@ -193,6 +193,7 @@ async def blocking(
 
     With ``?index=N`` the answer waits until ``index_fn() > N`` or the wait
     (default 5 min, max 10 min, plus up to wait/16 jitter) runs out.
+    ``render_fn`` returns the object to encode, or already encoded JSON bytes.
     ``result_index_fn`` gives the X-Consul-Index to report when it differs
     from what is waited on (a missing KV key reports the table's index).
     """
@@ -206,7 +207,8 @@ async def blocking(
         key = (ctx.req.path, query, ctx.anonymous)
         body = ctx.cluster.response_cache.get(key, index)
         if body is None:
-            body = json_bytes(render_fn())
+            rendered = render_fn()
+            body = rendered if isinstance(rendered, bytes) else json_bytes(rendered)
             ctx.cluster.response_cache.put(key, index, body)
         return Response(200, body, headers)
     result = render_fn()

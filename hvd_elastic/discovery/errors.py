@@ -1,0 +1,20 @@
+"""The error a Consul request raises, apart from the client so that importing it costs nothing.
+
+(:mod:`.reader` pulls in ``socket`` and ``json``; ``hvd-elastic discover``
+answering from its cache needs neither, only the class for its ``except``.)
+"""
+
+from __future__ import annotations
+
+
+class ConsulError(RuntimeError):
+    """A Consul request failed; ``str()`` is a one-line explanation."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class ConsulTimeout(ConsulError):
+    """The deadline passed before Consul answered."""
