@@ -37,6 +37,7 @@ time until that watcher's first answer is in the file is reported too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -45,13 +46,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_testing import DevAgentProcess, fresh_record  # noqa: E402
+from cache_testing import fresh_record  # noqa: E402
+from hvd_elastic.testbed import child_env as testbed_env  # noqa: E402
+from hvd_elastic.testbed import start_dev_agent  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -73,6 +77,16 @@ def cluster_parser(doc: str, name: str) -> argparse.ArgumentParser:
 
 def result_path(args: argparse.Namespace, name: str) -> Path:
     return Path(args.json) if args.json else RESULTS / f"{name}_{args.instances}.json"
+
+
+@contextlib.contextmanager
+def dev_agent(workdir: Path, nodes: int) -> Iterator[dict[str, str]]:
+    """The dev agent with ``nodes`` nodes in its own process, as Consul runs: {node: host:port}."""
+    job, addresses = start_dev_agent([f"node{i}" for i in range(nodes)], env=testbed_env(), logdir=workdir)
+    try:
+        yield addresses
+    finally:
+        job.stop()
 
 
 def request(addr: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -141,8 +155,8 @@ def stop_watchers(state: Path) -> None:
         os.kill(rec.pid, signal.SIGTERM)
 
 
-def measure(args: argparse.Namespace, agent: DevAgentProcess, workdir: Path) -> dict:
-    addr = next(iter(agent.addresses.values()))
+def measure(args: argparse.Namespace, addresses: dict[str, str], workdir: Path) -> dict:
+    addr = next(iter(addresses.values()))
     n = args.instances
     warm_state = private_dir(workdir, "warm")
     warm_env = child_env(addr, warm_state, "on")
@@ -232,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="discovery-speed-") as tmp:
-        with DevAgentProcess(Path(tmp), [f"node{i}" for i in range(args.nodes)]) as agent:
-            register(agent.addresses, args.instances)
-            result = measure(args, agent, Path(tmp))
+        with dev_agent(Path(tmp), args.nodes) as addresses:
+            register(addresses, args.instances)
+            result = measure(args, addresses, Path(tmp))
     title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer), "
              f"{args.runs} interleaved rounds, {args.cold_runs} cold starts; {load_note(load)}")
     print(format_table(title, result["rows"]))

@@ -6,8 +6,6 @@
 * :class:`CountingProxy` sits between discovery and the dev agent on loopback
   and records every request line with the bytes sent back: how many full
   health answers Consul served, and which were blocking reads.
-* :class:`DevAgentProcess` runs ``hvd-elastic consul-dev`` as its own process
-  (killable and restartable on the same port: an agent restart).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from hvd_elastic.discovery import cache
@@ -197,42 +194,3 @@ class CountingProxy:
         finally:
             upstream.close()
             client.close()
-
-
-class DevAgentProcess:
-    """``hvd-elastic consul-dev --nodes NODES`` in its own process; ``addresses`` maps node -> host:port.
-
-    ``port`` 0 lets the agent pick free ports (read back from its ready file);
-    a restart passes the port it had, so clients find it where they left it.
-    """
-
-    def __init__(self, workdir: Path, nodes: list[str], port: int = 0, env: dict[str, str] | None = None):
-        ready = workdir / f"consul-dev-ready-{time.monotonic_ns()}.json"
-        self.proc = subprocess.Popen(
-            [str(HVD_ELASTIC), "--log-level", "WARNING", "consul-dev", "--nodes", ",".join(nodes),
-             "--http-port", str(port), "--ready-file", str(ready)],
-            stdout=subprocess.DEVNULL, start_new_session=True, env=env,
-        )
-        deadline = time.monotonic() + 60
-        while not ready.exists() or not ready.read_text().strip():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("consul-dev did not start")
-            time.sleep(0.05)
-        self.addresses: dict[str, str] = json.loads(ready.read_text())
-        ready.unlink()
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def __enter__(self) -> "DevAgentProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

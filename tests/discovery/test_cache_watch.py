@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from cache_testing import (
     CountingProxy,
-    DevAgentProcess,
     StandInJob,
     cache_files,
     fresh_record,
@@ -27,7 +26,7 @@ from consul_testing import clean_env, consul_request, register, run_discovery
 
 from hvd_elastic.devagent import DevCluster
 from hvd_elastic.discovery import cache
-from hvd_elastic.testbed import HVD_ELASTIC, wait_until
+from hvd_elastic.testbed import HVD_ELASTIC, child_env, start_dev_agent, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -158,18 +157,19 @@ def test_consul_outage_and_return(cluster, state, jobs):
 def test_agent_restart_with_a_lower_index(tmp_path, state, jobs):
     """The watcher re-reads at once instead of parking on an index the new agent has not reached."""
     args = ("--host-name", "service-address")
-    agent = DevAgentProcess(tmp_path, ["localhost"])
+    agent, addresses = start_dev_agent(["localhost"], env=child_env(), logdir=tmp_path)
     try:
-        addr = agent.addresses["localhost"]
+        addr = addresses["localhost"]
         for i in range(1, 4):
             register(addr, f"i{i}", address=f"10.0.0.{i}")
         for n in range(20):  # move the index well past what the restarted agent will reach
-            consul_request(addr, "PUT", f"/v1/agent/check/update/service:i1", {"Status": "passing", "Output": str(n)})
+            consul_request(addr, "PUT", "/v1/agent/check/update/service:i1", {"Status": "passing", "Output": str(n)})
         job = jobs(cache_env(state, addr))
         before = warm(job, state, *args)
         assert before.hosts == b"10.0.0.1:1\n10.0.0.2:1\n10.0.0.3:1\n" and before.index > 20
-        agent.stop(signal.SIGKILL)
-        agent = DevAgentProcess(tmp_path, ["localhost"], port=int(addr.rsplit(":", 1)[1]))
+        agent.kill()
+        agent, _ = start_dev_agent(["localhost"], env=child_env(), logdir=tmp_path, name="consul-dev-again",
+                                   port=int(addr.rsplit(":", 1)[1]))
         register(addr, "i9", address="10.0.0.9")
         # The default wait is 60 s: well inside it, the cache shows the new agent's state.
         after = wait_until("the cache to follow the restarted agent",
@@ -177,7 +177,7 @@ def test_agent_restart_with_a_lower_index(tmp_path, state, jobs):
         assert after.index < before.index
         assert job.discover(*args).stdout == "10.0.0.9:1\n"
     finally:
-        agent.stop()
+        agent.kill()
 
 
 def test_the_watcher_exits_with_its_job(cluster, state, jobs):
