@@ -21,7 +21,11 @@ Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
 ``restore``         the state rolled back to its last commit
 ``reset``           ``reason`` (``hosts_updated`` with ``hosts``: ``added``,
                     ``removed`` or ``mixed``; or ``internal_error`` with
-                    ``message``), ``old_size``, ``new_size``
+                    ``message``), ``old_size``, ``new_size``,
+                    ``interrupted_at`` (when the function was interrupted),
+                    ``notified_at`` (hosts_updated: when rank 0 first heard
+                    of the change; None if the interrupt came first); the
+                    record's ``time`` is when training resumed after the sync
 ``checkpoint``      a write finished: ``path``, ``bytes``, ``seconds``, step...
 ``checkpoint_error`` a write failed: ``path``, ``error``
 ``finish``          the training function returned

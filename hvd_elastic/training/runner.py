@@ -21,7 +21,8 @@ Each call of the decorated function:
 2. Listens to the state: every commit may start a background checkpoint write (rank 0
    only); commits, syncs and restores go to the event log.
 3. Under an elastic launch (``HOROVOD_ELASTIC=1``, set by ``horovodrun --min-np/--max-np
-   /--host-discovery-script``) runs the function inside ``hvd.elastic.run``, and logs
+   /--host-discovery-script``) runs the function inside Horovod's elastic loop (see
+   :mod:`hvd_elastic.training.elastic_loop` for the one change), and logs
    every reset with its reason and the world size before and after.  Under a static
    launch (``horovodrun -np N``, ``mpirun``) there is nothing to recover to, so it syncs
    once and calls the function; any error ends the job as usual.
@@ -40,6 +41,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from typing import Any, Callable
 
 import horovod.torch as hvd
@@ -49,6 +51,7 @@ from horovod.runner.elastic.worker import HostUpdateResult
 
 from hvd_elastic.training import forksafe
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
+from hvd_elastic.training.elastic_loop import run_elastic
 from hvd_elastic.training.events import EventLog, describe_error
 
 log = logging.getLogger(__name__)
@@ -142,6 +145,7 @@ class _Session:
         # Only commits made during this call need a checkpoint at exit.
         self._last_checkpoint_commit = getattr(state, "commit_count", None)
         self._host_updates = HostUpdateResult.no_update
+        self._notified_at: float | None = None  # first host notification since the last reset
         self._pending_reset: dict | None = None
         self._entries = 0
 
@@ -158,7 +162,7 @@ class _Session:
                 add_listener(self._on_state_event)
             inner = functools.partial(self._call, fn)
             if elastic:
-                result = hvd.elastic.run(inner)(self.state, *args, **kwargs)
+                result = run_elastic(inner, self.state, *args, **kwargs)
             else:
                 self.state.sync()
                 result = inner(self.state, *args, **kwargs)
@@ -188,14 +192,17 @@ class _Session:
             self._emit("reset", **reset, new_size=self._size)
             self._pending_reset = None
             self._host_updates = HostUpdateResult.no_update
+            self._notified_at = None
         try:
             return fn(state, *args, **kwargs)
         except HostsUpdatedInterrupt as exc:
             self._pending_reset = {"reason": "hosts_updated", "hosts": self._describe_hosts(exc),
-                                   "old_size": self._size}
+                                   "old_size": self._size, "notified_at": self._notified_at,
+                                   "interrupted_at": time.time()}
             raise
         except HorovodInternalError as exc:
-            self._pending_reset = {"reason": "internal_error", "message": describe_error(exc), "old_size": self._size}
+            self._pending_reset = {"reason": "internal_error", "message": describe_error(exc), "old_size": self._size,
+                                   "interrupted_at": time.time()}
             raise
 
     def _resume(self) -> None:
@@ -239,8 +246,10 @@ class _Session:
             self._emit(event, **fields)
 
     def on_hosts_updated(self, timestamp, update_res) -> None:
-        """Horovod's worker notification (coordinator only): remember what changed."""
+        """Horovod's worker notification (coordinator only): remember what changed, and since when."""
         self._host_updates |= update_res
+        if self._notified_at is None:
+            self._notified_at = time.time()
 
     def _describe_hosts(self, exc: HostsUpdatedInterrupt) -> str:
         names = {HostUpdateResult.added: "added", HostUpdateResult.removed: "removed",

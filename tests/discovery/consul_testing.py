@@ -25,12 +25,6 @@ def clean_env(state_dir: Path, **extra: str) -> dict[str, str]:
     return child_env(discovery_state=state_dir, **extra)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ScriptedServer:
     """A loopback HTTP server whose every answer comes from ``respond(request_number)``.
 

@@ -1,0 +1,194 @@
+"""An elastic job on real hosts: the netns bed + Consul dev agent + node agents + horovodrun over ssh.
+
+:class:`ElasticCluster` is what the fault matrix and the recovery benchmark use::
+
+    with ElasticCluster(tmp_path, hosts=3) as cluster:
+        job = cluster.start_job(np=3, min_np=2, max_np=3)
+        cluster.wait_steps(job, size=3, steps=5)
+        cluster.bed.partition("hvdtb2")
+        ...
+
+Layout: the dev agent runs in this process, bound to the bed's bridge address,
+with one Consul node per test host (and spares for hosts added later) plus one
+for the launcher, where discovery asks.  Each test host runs ``hvd-elastic
+node-agent`` inside its namespace against its own node.  The job runs on the
+launcher host: ``horovodrun`` with ``discovery/consul_hosts`` (or a plain host
+file, for baselines), reaching every host over ssh, training
+:mod:`hvd_elastic.testbed.worker`.  Every process it starts dies with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from hvd_elastic.devagent import DevCluster
+
+from .env import REPO, VENV_BIN, child_env
+from .job import Job, host_file_discovery, horovodrun_elastic
+from .netns import LAUNCHER, PREFIX, NetnsBed
+from .records import JsonLines
+
+CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
+SPARE_HOSTS = 2  # Consul nodes made ready for hosts a test adds mid-run
+
+
+class ElasticCluster:
+    """``hosts`` netns hosts registered in a dev Consul by their node agents; see the module docstring.
+
+    Args:
+        workdir: everything the cluster writes (bed keys, logs, job output).
+        hosts: test hosts at start (each gets one slot).
+        ttl: the node agents' TTL in seconds (a silent node leaves after it).
+        gloo_timeout: ``HOROVOD_GLOO_TIMEOUT_SECONDS`` of the job: what a collective
+            with a hung or partitioned peer waits before it fails.
+        slots: slots each node agent advertises.
+    """
+
+    def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1):
+        self.workdir = Path(workdir)
+        self.slots = slots
+        self.ttl = ttl
+        self.gloo_timeout = gloo_timeout
+        self.bed = NetnsBed(self.workdir / "bed", hosts)
+        self.consul: DevCluster | None = None
+        self.agents: dict[str, Job] = {}
+        self.jobs: list[Job] = []
+        self._initial = hosts
+
+    def __enter__(self) -> "ElasticCluster":
+        self.bed.__enter__()
+        try:
+            nodes = [LAUNCHER, *(f"{PREFIX}{i}" for i in range(1, self._initial + SPARE_HOSTS + 1))]
+            self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address).start()
+            for host in self.bed.hosts:
+                self.start_agent(host)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            for job in [*self.jobs, *self.agents.values()]:
+                job.kill()
+            if self.consul is not None:
+                self.consul.stop()
+        finally:
+            self.bed.close()
+
+    # -- Consul side -------------------------------------------------------------
+
+    def consul_addr(self, node: str = LAUNCHER) -> str:
+        return self.consul.addr(node)
+
+    def start_agent(self, host: str) -> Job:
+        """Start (or restart) the node agent of ``host`` inside its namespace."""
+        if host in self.agents:
+            self.agents[host].kill()
+        interval = max(self.ttl / 4, 0.2)
+        job = Job(self.bed.on(host, [VENV_BIN / "hvd-elastic", "--log-level", "INFO", "node-agent",
+                                     "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),
+                                     "--interval", str(interval), "--probe", "memory", "--min-free-memory", "1K"]),
+                  env=child_env(), logdir=self.workdir / "logs", name=f"node-agent.{host}")
+        self.agents[host] = job.start()
+        return job
+
+    def stop_agent(self, host: str) -> None:
+        """The node agent dies (SIGKILL): its TTL check expires after ``ttl`` seconds."""
+        self.agents[host].kill()
+
+    def hvd_elastic(self, host: str, *args: str) -> None:
+        """Run an ``hvd-elastic`` operator command (drain, undrain...) on ``host`` against its own agent."""
+        result = self.bed.run(host, [VENV_BIN / "hvd-elastic", *args, "--http-addr", self.consul_addr(host)],
+                              env=child_env())
+        if result.returncode != 0:
+            raise RuntimeError(f"hvd-elastic {' '.join(args)} on {host} failed: {result.stderr.strip()}")
+
+    def drain(self, host: str) -> None:
+        self.hvd_elastic(host, "drain", "--reason", "test bed")
+
+    def undrain(self, host: str) -> None:
+        self.hvd_elastic(host, "undrain")
+
+    def add_host(self) -> str:
+        """A new host boots and its node agent registers it."""
+        host = self.bed.add_host().name
+        self.start_agent(host)
+        return host
+
+    def discovered(self) -> list[str]:
+        """What the discovery script prints right now (as horovodrun on the launcher would see it)."""
+        result = self.bed.run(LAUNCHER, [CONSUL_HOSTS, "--http-addr", self.consul_addr()],
+                              env=child_env(HVD_ELASTIC_DISCOVERY_STATE_DIR=str(self.workdir / "discovery-probe")))
+        return sorted(result.stdout.split()) if result.returncode == 0 else []
+
+    def wait_discovered(self, expected: list[str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (seen := self.discovered()) != sorted(expected):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"discovery prints {seen}, expected {sorted(expected)}")
+            time.sleep(0.3)
+
+    # -- the job -------------------------------------------------------------------
+
+    def start_job(self, np: int, min_np: int, max_np: int, *worker_args: str, host_file: str | None = None,
+                  name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = ()) -> Job:
+        """Elastic horovodrun on the launcher training :mod:`.worker` into ``out`` (default ``workdir/name``).
+
+        Hosts come from Consul through ``discovery/consul_hosts``, or, with
+        ``host_file`` (initial ``host:slots`` lines), from a plain host file the
+        caller rewrites at ``<out>/hosts`` (Horovod's own way).
+        """
+        out = out or self.workdir / name
+        out.mkdir(parents=True, exist_ok=True)
+        if host_file is not None:
+            discovery = str(host_file_discovery(out / "hosts", host_file))
+        else:
+            discovery = f"{CONSUL_HOSTS} --http-addr {self.consul_addr()}"
+        cmd = horovodrun_elastic(discovery, np, min_np, max_np, "--network-interface", "eth0", *horovodrun_args,
+                                 VENV_BIN / "python", "-m", "hvd_elastic.testbed.worker", "--out", out, *worker_args)
+        env = self.bed.env(child_env(HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout),
+                                     HOROVOD_ELASTIC_TIMEOUT="120",
+                                     HVD_ELASTIC_DISCOVERY_STATE_DIR=str(out / "discovery-state")))
+        job = Job(self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
+                  also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
+        job.out = out
+        self.jobs.append(job)
+        return job.start()
+
+    @staticmethod
+    def progress(job: Job) -> list[dict]:
+        reader = getattr(job, "_progress", None)
+        if reader is None:
+            reader = job._progress = JsonLines(job.out / "progress.jsonl")
+        return reader.rows()
+
+    def wait_steps(self, job: Job, size: int, steps: int = 1, since: float = 0.0, timeout: float = 180.0) -> dict:
+        """Wait for ``steps`` committed steps at world ``size`` after wall time ``since``; the first such row."""
+        def ready():
+            rows = [r for r in self.progress(job) if r["time"] > since and r["size"] == size]
+            return rows[0] if len(rows) >= steps else None
+        return job.wait_until(f"{steps} steps at world size {size}", ready, timeout)
+
+    def workers(self, job: Job) -> list[dict]:
+        """The live workers' latest pid records (rank, size, host, pid)."""
+        rows = []
+        for path in sorted((job.out / "pids").glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                row = json.loads(path.read_text())
+                if psutil.pid_exists(row["pid"]):
+                    rows.append(row)
+        return rows
+
+    def stop(self, job: Job, timeout: float = 240.0) -> None:
+        """Ask the job to end at its next epoch boundary and wait for exit 0."""
+        (job.out / "stop").touch()
+        job.finish(timeout)

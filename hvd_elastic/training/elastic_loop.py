@@ -1,0 +1,63 @@
+"""Horovod's elastic retry loop, with the sync decision agreed by every rank.
+
+``hvd.elastic.run`` (``horovod/common/elastic.py: run_fn``) skips the state's sync
+after a reset when the interrupt said "hosts were only removed" (``skip_sync``).
+That decision is taken BEFORE the reset's rendezvous, and the rendezvous may
+bring in a host that arrived meanwhile (a drain that took the world below
+``--min-np``, followed by a new host: Horovod #3494's setting).  The survivors
+then skip the sync and start training, while the new process, whose first act
+is always a sync, waits in its broadcast: the job deadlocks, each side in a
+different collective.
+
+:func:`run_elastic` is the same loop, except that after every reset all ranks
+agree, with one tiny allreduce, whether ANY of them needs the sync (a new
+process always does; after a failure everyone does).  That allreduce is the
+first collective of every world, on every rank, so it always matches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import horovod.torch as hvd
+from horovod.common.elastic import notification_manager
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+
+def _sync_needed(mine: bool) -> bool:
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
+    return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_elastic.sync_needed").item())
+
+
+def _reset() -> None:
+    # What horovod.torch.elastic does between worlds: leave the old one, rendezvous anew.
+    hvd.shutdown()
+    hvd.init()
+
+
+def run_elastic(fn, state, *args, **kwargs):
+    """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
+
+    On ``HorovodInternalError`` the state is restored to its last commit; on
+    ``HostsUpdatedInterrupt`` it is kept.  Then Horovod is re-initialised (the new
+    world's rendezvous), ``state.on_reset()`` runs, and the state is synced from
+    rank 0 unless every rank of the new world agrees it may be skipped.
+    """
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    skip_sync = False  # this process has never synced: it needs rank 0's state
+    try:
+        while True:
+            try:
+                if _sync_needed(not skip_sync):
+                    state.sync()
+                return fn(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as exc:
+                skip_sync = exc.skip_sync
+            _reset()
+            state.on_reset()
+    finally:
+        notification_manager.remove_listener(state)
