@@ -78,6 +78,7 @@ class Publisher:
         self.started = jobdir.proc_stat(self.pid)[1]
         self._lock = threading.Lock()
         self._closed = False
+        self.broken = threading.Event()  # set when the file cannot be written
         self._last = cache.Record(key, self.pid, self.started, max_age, 0.0, 0.0, 0, error="no answer yet")
 
     def answer(self, decisions: list[hostlib.Decision], index: int, answered: float) -> None:
@@ -99,7 +100,12 @@ class Publisher:
         with self._lock:
             if self._closed:
                 return
-            cache.write(self.path, rec, self.mode)
+            try:
+                cache.write(self.path, rec, self.mode)
+            except OSError as exc:  # its directory was removed, the disk is full: nothing left to keep fresh
+                log.error("cannot write %s: %s; exiting", self.path, exc)
+                self.broken.set()
+                return
             self._last = rec
 
     def close(self) -> None:
@@ -168,8 +174,8 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
                 if job is not None and _idle_for(lock_path) > IDLE_EXIT_S:
                     log.info("no discovery call read the cache for %.0f s; exiting", IDLE_EXIT_S)
                     break
-                if not loop.is_alive():
-                    log.error("the watch loop stopped unexpectedly; exiting")
+                if not loop.is_alive() or publisher.broken.is_set():
+                    log.error("the watch loop stopped; exiting")
                     return 1
         finally:
             stop.set()

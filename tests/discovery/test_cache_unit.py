@@ -134,3 +134,12 @@ def test_follow_blocks_on_each_index_resets_after_failures_and_backwards_indexes
     assert states[2] == ("", b"a:1\nb:1\n")
     assert states[3][0] == "unreachable"  # the failure was published before the retry
     assert states[4] == ("", b"b:1\n")
+
+
+def test_a_publisher_whose_directory_vanished_reports_broken_instead_of_raising(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    publisher = watch.Publisher(str(gone / "hosts"), "k", 60.0, 0o600)
+    gone.rmdir()
+    publisher.answer(evaluate([entry("a")]), 3, time.monotonic())
+    assert publisher.broken.is_set()
