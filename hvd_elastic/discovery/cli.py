@@ -30,8 +30,9 @@ query.
 
 Time: every direct call ends within ``--timeout`` seconds (default 0.8;
 horovodrun calls it every second under a lock), except a job's first call,
-which retries for up to ``--first-call-retry`` seconds while Consul is
-unreachable or has no leader yet (see :mod:`hvd_elastic.discovery.firstcall`).
+which may take up to ``--first-call-retry`` seconds, for one slow answer or
+retrying while Consul is unreachable or has no leader yet (see
+:mod:`hvd_elastic.discovery.firstcall`).
 """
 
 from __future__ import annotations
@@ -159,7 +160,10 @@ def discover(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Op
     """Ask Consul and decide; raises ConsulError, MalformedResponse or ConfigError."""
     first_call = FirstCall(args.service)
     retry_window = args.first_call_retry if first_call.is_first else 0.0
-    entries = fetch_health(args, config, options, passing=True, retry_window=retry_window)
+    # The first call may take the whole window anyway: one slow answer (a large
+    # service, a loaded Consul) must not fail every attempt at --timeout.
+    timeout = max(args.timeout, retry_window)
+    entries = query_health(args, config, options, passing=True, retry_window=retry_window, timeout=timeout)[0]
     decisions = hostlib.evaluate(entries, options)
     first_call.record_success()
     return hostlib.merge(decisions), decisions

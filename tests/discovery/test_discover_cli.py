@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 
 import pytest
 from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery, self_signed_cert
@@ -119,6 +120,22 @@ def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
     # (0.05 s doubling) fits at most 5 attempts in 0.8 s however fast the machine, the window dozens.
     assert_failed(later, 1, "500", "No cluster leader", "gave up after")
     assert len(server.requests) - 3 <= 5, server.requests
+
+
+def test_a_first_call_waits_for_one_slow_answer_a_later_call_does_not(tmp_path):
+    hosts = b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]'
+    slow = threading.Event()
+
+    def respond(n: int):  # every answer comes 1.5 s late (a large service on a loaded Consul)
+        slow.wait(1.5)
+        return 200, hosts
+
+    with ScriptedServer(respond) as server:
+        env = clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr)
+        first = run_discovery(env)  # --timeout 0.8, --first-call-retry 10
+        assert (first.returncode, first.stdout) == (0, "n1:1\n"), first.stderr
+        assert len(server.requests) == 1  # one attempt, given the time, not a retry per 0.8 s
+        assert_failed(run_discovery(env), 1, "did not answer")
 
 
 def test_acl_token_is_required_and_the_flag_wins(tmp_path):
