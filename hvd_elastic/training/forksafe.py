@@ -21,9 +21,9 @@ before using either.  From then on, in every child of a Python-level fork
 (``os.fork()``, multiprocessing's ``fork`` start method, so DataLoader and
 StatefulDataLoader workers):
 
-1. Every descriptor that is a TCP socket the kernel lists for this network
-   namespace (``/proc/self/fd/N`` -> ``socket:[inode]`` with that inode in
-   ``/proc/self/net/tcp`` or ``tcp6``: connected or listening) is released.
+1. Every descriptor that is a TCP socket (``/proc/self/fd/N`` ->
+   ``socket:[inode]`` whose protocol the kernel names TCP or TCPv6; see
+   :func:`tcp_socket_fds`) is released: connected, listening or neither.
    Nothing else is touched: pipes, unix sockets (multiprocessing queues and
    the descriptor passing of shared-memory tensors), UDP sockets, files,
    eventfds and epoll descriptors stay as they are.  *Released* means
@@ -91,6 +91,7 @@ ENV = "HVD_ELASTIC_FORK_SAFETY"
 
 FD_DIR = "/proc/self/fd"
 TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+_TCP_NAMES = (b"TCP", b"TCPv6")  # what Linux names TCP sockets (MPTCP, SCTP, UDP, UNIX... differ)
 _PR_SET_PDEATHSIG = 1
 
 _installed: bool | None = None  # the first install()'s answer
@@ -135,23 +136,47 @@ def install() -> bool:
 
 
 def tcp_socket_fds() -> list[int]:
-    """This process's descriptors that are TCP sockets (connected or listening), sorted.
+    """This process's descriptors that are TCP sockets (IPv4 or IPv6), sorted.
 
-    A socket counts only when its inode is in the kernel's TCP tables; a TCP
-    socket that is neither bound nor connected is in none and carries nothing.
+    The kernel names each socket's protocol (the ``system.sockprotoname``
+    attribute of ``/proc/self/fd/N``): one call per socket, where looking the
+    inodes up in ``/proc/self/net/tcp{,6}`` reads every connection of the
+    network namespace (40 ms per fork measured with 2800 of them).  That
+    lookup is the fallback for a kernel that does not name its sockets.
     """
-    by_inode: dict[str, list[int]] = {}
+    unnamed: dict[str, int] = {}  # inode -> fd
+    found: list[int] = []
     for name in os.listdir(FD_DIR):
+        path = f"{FD_DIR}/{name}"
         try:
-            target = os.readlink(f"{FD_DIR}/{name}")
+            target = os.readlink(path)
         except OSError:
             continue  # the listing's own descriptor, already closed
-        if target.startswith("socket:["):
-            by_inode.setdefault(target[len("socket:["):-1], []).append(int(name))
+        if not target.startswith("socket:["):
+            continue
+        try:
+            protocol = os.getxattr(path, "system.sockprotoname").rstrip(b"\0")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            unnamed[target[len("socket:["):-1]] = int(name)
+            continue
+        if protocol in _TCP_NAMES:
+            found.append(int(name))
+    if unnamed:
+        found.extend(_listed_in_tcp_tables(unnamed))
+    return sorted(found)
+
+
+def _listed_in_tcp_tables(by_inode: dict[str, int]) -> list[int]:
+    """The descriptors of ``by_inode`` whose socket inode the kernel's TCP tables list.
+
+    The tables hold bound and connected sockets only: a TCP socket that is
+    neither carries no connection and is left alone.
+    """
+    by_inode = dict(by_inode)
     found: list[int] = []
     for table in TCP_TABLES:
-        if not by_inode:
-            break  # nothing left to look up: skip reading (possibly long) tables
         try:
             f = open(table)
         except FileNotFoundError:
@@ -160,12 +185,12 @@ def tcp_socket_fds() -> list[int]:
             next(f, None)  # header
             for line in f:
                 fields = line.split()
-                fds = by_inode.pop(fields[9], None) if len(fields) > 9 else None  # field 9: inode
-                if fds:
-                    found.extend(fds)
+                fd = by_inode.pop(fields[9], None) if len(fields) > 9 else None  # field 9: the inode
+                if fd is not None:
+                    found.append(fd)
                     if not by_inode:
-                        break
-    return sorted(found)
+                        return found
+    return found
 
 
 def release_tcp_sockets() -> list[int]:
@@ -188,9 +213,8 @@ def _unsupported() -> str | None:
     """Why the hooks cannot work here, or None."""
     if not sys.platform.startswith("linux"):
         return f"not Linux but {sys.platform}"
-    for path in (FD_DIR, TCP_TABLES[0]):
-        if not os.path.exists(path):
-            return f"no {path}"
+    if not os.path.isdir(FD_DIR):
+        return f"no {FD_DIR}"
     return None
 
 

@@ -7,6 +7,7 @@ hooks cannot be removed, and pytest's process must not carry them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -45,26 +46,39 @@ def descriptors():
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     unix_left, unix_right = socket.socketpair()
-    unconnected_tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp["unconnected"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     pipe_r, pipe_w = os.pipe()
     file = open(__file__, "rb")
     event = os.eventfd(0)
     other = {"udp": udp.fileno(), "unix_left": unix_left.fileno(), "unix_right": unix_right.fileno(),
-             "unconnected_tcp": unconnected_tcp.fileno(), "pipe_r": pipe_r, "pipe_w": pipe_w,
+             "pipe_r": pipe_r, "pipe_w": pipe_w,
              "file": file.fileno(), "eventfd": event}
     yield tcp, other
-    for s in (*tcp.values(), udp, unix_left, unix_right, unconnected_tcp):
+    for s in (*tcp.values(), udp, unix_left, unix_right):
         s.close()
     for fd in (pipe_r, pipe_w, event):
         os.close(fd)
     file.close()
 
 
-def test_selects_exactly_the_tcp_sockets_the_kernel_lists(descriptors):
+def test_selects_exactly_the_tcp_sockets(descriptors):
     tcp, other = descriptors
     found = set(forksafe.tcp_socket_fds())
     assert {s.fileno() for s in tcp.values()} <= found
     assert not found & set(other.values()), {k: v for k, v in other.items() if v in found}
+
+
+def test_without_socket_names_the_tcp_tables_give_the_same_answer(descriptors, monkeypatch):
+    tcp, other = descriptors
+    named = set(forksafe.tcp_socket_fds())
+
+    def unsupported(path, attribute):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported", path)
+
+    monkeypatch.setattr(os, "getxattr", unsupported)
+    listed = set(forksafe.tcp_socket_fds())
+    # The tables list only bound or connected sockets: an unconnected one carries nothing.
+    assert listed == named - {tcp["unconnected"].fileno()}
 
 
 def test_a_forked_child_loses_only_its_tcp_sockets_and_the_parent_keeps_its_connection(descriptors):
