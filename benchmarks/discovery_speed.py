@@ -21,7 +21,10 @@ instances spread over ``--nodes`` nodes, each with its own service address;
 discovery runs with ``--host-name service-address`` so it prints one line per
 instance (the heaviest case).  The warm-cache calls are children of this
 process, which stands in for horovodrun (``HVD_ELASTIC_DISCOVERY_CACHE=on``):
-the first call starts the job's watcher, later calls read its file.
+the first call starts the job's watcher, later calls read its file.  The
+operator's-cache row reads the file of a ``hvd-elastic discover --watch``
+process through ``--cache-file`` (its first call checks the settings and
+leaves an alias, later ones read the file without parsing flags).
 
 The direct rows (``--cache off --timeout 30``: room for a slow answer, which
 at the default 0.8 s would fail) come in two kinds: repeated calls with no
@@ -54,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_testing import fresh_record  # noqa: E402
+from cache_testing import fresh_record, read_record  # noqa: E402
 from hvd_elastic.testbed import child_env as testbed_env  # noqa: E402
 from hvd_elastic.testbed import start_dev_agent  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
@@ -172,20 +175,30 @@ def measure(args: argparse.Namespace, addresses: dict[str, str], workdir: Path) 
     discover_direct = [str(VENV_BIN / "hvd-elastic"), "discover", *DIRECT]
 
     wall(consul_hosts, warm_env, n)  # the job's first call: starts its watcher
+    op_dir = workdir / "run"
+    op_dir.mkdir()
+    op_file = op_dir / "horovod.hosts"
+    operator = subprocess.Popen([str(VENV_BIN / "hvd-elastic"), "--log-level", "WARNING", "discover", "--watch",
+                                 "--cache-file", str(op_file), *ARGS], env=base_env, start_new_session=True)
     deadline = time.monotonic() + 120
-    while fresh_record(warm_state) is None:
-        assert time.monotonic() < deadline, "the watcher never answered"
+    while fresh_record(warm_state) is None or read_record(op_file) is None or read_record(op_file).error:
+        assert time.monotonic() < deadline and operator.poll() is None, "a watcher never answered"
         time.sleep(0.05)
+    consul_hosts_op = [str(CONSUL_HOSTS), *ARGS, "--cache-file", str(op_file)]
+    op_env = child_env(addr, private_dir(workdir, "op-state"), "auto")
 
     main = rounds({
         BASE_ISOLATED: (["python3", "-I", "-S", "-c", "pass"], base_env, None),
         BASE_PLAIN: (["python3", "-c", "pass"], base_env, None),
         "consul_hosts, warm cache": (consul_hosts, warm_env, n),
         "hvd-elastic discover, warm cache": (discover, warm_env, n),
+        "consul_hosts, operator's cache (--cache-file)": (consul_hosts_op, op_env, n),
         "consul_hosts, direct (agent response cache)": (consul_hosts_direct, off_env, n),
         "hvd-elastic discover, direct (agent response cache)": (discover_direct, off_env, n),
     }, args.runs)
     stop_watchers(warm_state)
+    os.killpg(operator.pid, signal.SIGTERM)
+    operator.wait(timeout=60)
 
     bump = iter(range(10 ** 9))
 
@@ -231,6 +244,7 @@ def measure(args: argparse.Namespace, addresses: dict[str, str], workdir: Path) 
         row("consul_hosts, warm cache", main["consul_hosts, warm cache"], BASE_ISOLATED, iso, 2.0),
         row("hvd-elastic discover, warm cache", main["hvd-elastic discover, warm cache"], BASE_PLAIN, plain, 2.0),
         row("hvd-elastic discover, warm cache", main["hvd-elastic discover, warm cache"], BASE_ISOLATED, iso),
+        row("consul_hosts, operator's cache (--cache-file)", main["consul_hosts, operator's cache (--cache-file)"], BASE_ISOLATED, iso, 2.0),
         row("consul_hosts, direct (agent response cache)", main["consul_hosts, direct (agent response cache)"], BASE_ISOLATED, iso),
         row("hvd-elastic discover, direct (agent response cache)", main["hvd-elastic discover, direct (agent response cache)"], BASE_PLAIN, plain),
         row("consul_hosts, direct (agent cache defeated)", defeated["consul_hosts, direct (agent cache defeated)"], BASE_ISOLATED, defeated[BASE_ISOLATED]),

@@ -86,13 +86,26 @@ def raw_argv(args: argparse.Namespace) -> list[str]:
 
 
 def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> cache.Record | None:
-    """The operator's cache (--cache-file) when it is fresh and written for these settings."""
+    """The operator's cache (--cache-file) when it is fresh and written for these settings.
+
+    A job's later calls then find it without parsing flags: an alias in the
+    job directory names the file and the fingerprint it must carry.
+    """
+    settings = fingerprint(args, config, options)
     try:
-        rec = cache.load(args.cache_file, fingerprint(args, config, options), (os.getuid(), 0))
+        rec = cache.load(args.cache_file, settings, (os.getuid(), 0))
     except cache.CacheInvalid as exc:
         print(f"discover: ignoring the host cache {args.cache_file}: {exc}", file=sys.stderr)
         return None
-    return rec if rec is not None and cache.untrusted_reason(rec) is None else None
+    if rec is None or cache.untrusted_reason(rec) is not None:
+        return None
+    where = fast.job_cache_path(raw_argv(args), create=True)
+    if where is not None and not sys.stdout.isatty():
+        try:
+            fast.write_alias(where[0] + ".alias", args.cache_file, settings)
+        except OSError:
+            pass  # later calls parse their flags again, nothing worse
+    return rec
 
 
 def start_job_watcher(args: argparse.Namespace, config: ConsulConfig) -> None:

@@ -216,7 +216,7 @@ def test_broken_or_foreign_cache_files_are_ignored_with_a_warning(cluster, state
     assert job.discover().stderr == ""
 
 
-def test_an_operator_watch_serves_discovery_with_the_same_settings_only(cluster, state, tmp_path):
+def test_an_operator_watch_serves_discovery_with_the_same_settings_only(cluster, state, tmp_path, jobs):
     local = cluster.addr("localhost")
     register(local, slots="4", tags=["gpu"])
     shared = tmp_path / "run"
@@ -230,17 +230,22 @@ def test_an_operator_watch_serves_discovery_with_the_same_settings_only(cluster,
             wait_until("the operator's cache", lambda: (r := read_record(cache_file)) and not r.error, WAIT)
             assert cache_file.stat().st_mode & 0o777 == 0o644  # readable by the users whose jobs read it
             plain_reads = len(proxy.health(blocking=False))
+            job = jobs(env)
             for _ in range(3):
-                result = run_discovery(env, "--cache-file", str(cache_file))
+                result = job.discover("--cache-file", str(cache_file))
                 assert (result.returncode, result.stdout, result.stderr) == (0, "localhost:4\n", "")
             assert len(proxy.health(blocking=False)) == plain_reads  # all three from the file
+            # The job's first read checked the settings and left an alias: later reads skip flag parsing.
+            aliases = list(state.glob("*/hosts-*.alias"))
+            assert len(aliases) == 1 and aliases[0].read_text().startswith(f"{cache_file}\nsettings-")
             other = run_discovery(env, "--cache-file", str(cache_file), "--tag", "cpu")
             assert other.stdout == "" and "written for other discovery settings" in other.stderr
             os.killpg(watcher.pid, signal.SIGTERM)
             assert watcher.wait(timeout=WAIT) == 0
             assert not cache_file.exists()
-            after = run_discovery(env, "--cache-file", str(cache_file))
+            after = job.discover("--cache-file", str(cache_file))
             assert (after.returncode, after.stdout) == (0, "localhost:4\n")  # no cache: the direct query
+            assert len(proxy.health(blocking=False)) > plain_reads
         finally:
             if watcher.poll() is None:
                 os.killpg(watcher.pid, signal.SIGKILL)
