@@ -28,12 +28,11 @@ import psutil
 
 from hvd_elastic.devagent import DevCluster
 
-from .env import REPO, VENV_BIN, child_env
+from .env import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, child_env
 from .job import Job, host_file_discovery, horovodrun_elastic
 from .netns import LAUNCHER, PREFIX, NetnsBed
 from .records import JsonLines
 
-CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
 SPARE_HOSTS = 2  # Consul nodes made ready for hosts a test adds mid-run
 
 
@@ -94,7 +93,7 @@ class ElasticCluster:
         if host in self.agents:
             self.agents[host].kill()
         interval = max(self.ttl / 4, 0.2)
-        job = Job(self.bed.on(host, [VENV_BIN / "hvd-elastic", "--log-level", "INFO", "node-agent",
+        job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
                                      "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),
                                      "--interval", str(interval), "--probe", "memory", "--min-free-memory", "1K"]),
                   env=child_env(), logdir=self.workdir / "logs", name=f"node-agent.{host}")
@@ -107,7 +106,7 @@ class ElasticCluster:
 
     def hvd_elastic(self, host: str, *args: str) -> None:
         """Run an ``hvd-elastic`` operator command (drain, undrain...) on ``host`` against its own agent."""
-        result = self.bed.run(host, [VENV_BIN / "hvd-elastic", *args, "--http-addr", self.consul_addr(host)],
+        result = self.bed.run(host, [HVD_ELASTIC, *args, "--http-addr", self.consul_addr(host)],
                               env=child_env())
         if result.returncode != 0:
             raise RuntimeError(f"hvd-elastic {' '.join(args)} on {host} failed: {result.stderr.strip()}")
@@ -127,7 +126,7 @@ class ElasticCluster:
     def discovered(self) -> list[str]:
         """What the discovery script prints right now (as horovodrun on the launcher would see it)."""
         result = self.bed.run(LAUNCHER, [CONSUL_HOSTS, "--http-addr", self.consul_addr()],
-                              env=child_env(HVD_ELASTIC_DISCOVERY_STATE_DIR=str(self.workdir / "discovery-probe")))
+                              env=child_env(discovery_state=self.workdir / "discovery-probe"))
         return sorted(result.stdout.split()) if result.returncode == 0 else []
 
     def wait_discovered(self, expected: list[str], timeout: float = 60.0) -> None:
@@ -155,9 +154,8 @@ class ElasticCluster:
             discovery = f"{CONSUL_HOSTS} --http-addr {self.consul_addr()}"
         cmd = horovodrun_elastic(discovery, np, min_np, max_np, "--network-interface", "eth0", *horovodrun_args,
                                  VENV_BIN / "python", "-m", "hvd_elastic.testbed.worker", "--out", out, *worker_args)
-        env = self.bed.env(child_env(HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout),
-                                     HOROVOD_ELASTIC_TIMEOUT="120",
-                                     HVD_ELASTIC_DISCOVERY_STATE_DIR=str(out / "discovery-state")))
+        env = self.bed.env(child_env(discovery_state=out / "discovery-state",
+                                     HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120"))
         job = Job(self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
                   also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         job.out = out

@@ -1,0 +1,216 @@
+"""Seconds from a membership event to the first committed step at the new world size, on real hosts.
+
+Four network-namespace hosts reached over real ssh (``hvd_elastic.testbed``),
+one slot each; the job trains ``hvd_elastic.testbed.worker`` on three of them
+and the fourth is the one that joins.  Two modes, interleaved round by round
+(the first mode alternates), on the same hosts, model and horovodrun flags:
+
+* hvd-elastic -- ``TrainingState`` + ``ExactlyOnceSampler`` + ``@hvd_elastic.run``,
+  hosts from ``discovery/consul_hosts`` fed by node agents in the hosts;
+* horovod     -- stock Horovod elastic (``TorchState`` + ``ElasticSampler`` +
+  ``hvd.elastic.run``) with a plain host-file discovery script, the way
+  Horovod's own tests drive membership.
+
+Events, each followed by its undo (which also ends the round's world at 3):
+
+=========== ============================================ ==============================
+event       hvd-elastic                                  horovod (host file)
+=========== ============================================ ==============================
+join        the 4th host's node agent starts             its line is added
+drain       ``hvd-elastic drain`` on a host              its line is removed
+ttl         a host's node agent is SIGKILLed             (no equivalent: not measured)
+crash       one worker SIGKILLed                         the same
+host-crash  every process of a host SIGKILLed            the same
+partition   the host's link goes down                    the same
+=========== ============================================ ==============================
+
+Reported per event and mode: median (p10-p90) seconds over ``--rounds``, the
+paired ratio hvd-elastic / horovod, the steps rolled back, and for hvd-elastic
+a per-phase breakdown read from the event log (detection, interrupt,
+re-initialisation = rendezvous with any new worker, sync, first step) and the
+joining worker's own start-up.  Writes ``benchmarks/results/recovery.json``.
+
+    sudo .venv/bin/python benchmarks/recovery.py [--rounds 3] [--events join,drain,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
+
+from hvd_elastic.testbed.multihost import ElasticCluster
+from hvd_elastic.testbed.netns import unavailable_reason
+from hvd_elastic.training.events import EventLog
+
+EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition")
+MODES = ("hvd-elastic", "horovod")
+JOINER = "hvdtb4"
+BASE_HOSTS = ("hvdtb1", "hvdtb2", "hvdtb3")
+GLOO_TIMEOUT = 15
+COOLDOWN = ("--blacklist-cooldown-range", "2", "3")
+WAIT = 3 * GLOO_TIMEOUT + 60  # every wait is bounded
+
+
+class Round:
+    """One job of one mode on the cluster, through which each event passes once."""
+
+    def __init__(self, cluster: ElasticCluster, mode: str, out: Path):
+        self.cluster, self.mode = cluster, mode
+        self.hosts = list(BASE_HOSTS)
+        if mode == "horovod":
+            self.job = cluster.start_job(3, 2, 4, "--api", "horovod", out=out, host_file=self._lines(),
+                                         horovodrun_args=COOLDOWN)
+        else:
+            self.job = cluster.start_job(3, 2, 4, out=out, horovodrun_args=COOLDOWN)
+        cluster.wait_steps(self.job, size=3, steps=5, timeout=WAIT)
+
+    def _lines(self, hosts=None) -> str:
+        return "".join(f"{h}:1\n" for h in (hosts or self.hosts))
+
+    def _set_hosts(self, hosts: list[str]) -> None:
+        (self.job.out / "hosts").write_text(self._lines(hosts))
+
+    def victim(self) -> str:
+        size = max(w["size"] for w in self.cluster.workers(self.job))
+        return next(w["host"] for w in self.cluster.workers(self.job) if w["size"] == size and w["rank"] == 1)
+
+    def measure(self, event: str) -> dict:
+        """Inject ``event``, time it, undo it; the figures of this one sample."""
+        c, consul = self.cluster, self.mode == "hvd-elastic"
+        time.sleep(1.0)  # a steady world before the event
+        victim = JOINER if event == "join" else self.victim()
+        old, new = (3, 4) if event == "join" else (3, 2)
+        t0 = time.time()
+        if event == "join":
+            c.start_agent(JOINER) if consul else self._set_hosts([*self.hosts, JOINER])
+        elif event == "drain":
+            c.drain(victim) if consul else self._set_hosts([h for h in self.hosts if h != victim])
+        elif event == "ttl":
+            c.stop_agent(victim)
+        elif event == "crash":
+            c.bed.crash(victim, match=str(self.job.out))
+        elif event == "host-crash":
+            c.bed.crash(victim)
+        elif event == "partition":
+            c.bed.partition(victim)
+        first = c.wait_steps(self.job, size=new, since=t0, timeout=WAIT)
+        sample = {"seconds": first["time"] - t0, "rolled_back": self._rolled_back(t0, first), "host": victim}
+        if consul:
+            sample["phases"] = self._phases(t0, first, joined=event == "join")
+        self._undo(event, victim, old)
+        return sample
+
+    def _undo(self, event: str, victim: str, size: int) -> None:
+        c, consul = self.cluster, self.mode == "hvd-elastic"
+        t = time.time()
+        if event == "join":
+            if consul:
+                c.agents[JOINER].stop()  # SIGTERM: the agent deregisters, a graceful leave
+            else:
+                self._set_hosts(self.hosts)
+        elif event == "drain":
+            c.undrain(victim) if consul else self._set_hosts(self.hosts)
+        elif event in ("ttl", "host-crash"):
+            c.start_agent(victim)
+        elif event == "partition":
+            c.bed.heal(victim)
+        c.wait_steps(self.job, size=size, steps=3, since=t, timeout=WAIT)
+
+    def _rolled_back(self, t0: float, first: dict) -> int:
+        """Steps committed before the event that the new world trained again."""
+        before = [r["step"] for r in self.cluster.progress(self.job) if r["time"] < first["time"] and r["time"] >= t0 - 60]
+        return max(0, max(before, default=0) - (first["step"] - 1))
+
+    def _phases(self, t0: float, first: dict, joined: bool) -> dict:
+        events = EventLog.read(self.job.out / "events.jsonl")
+        reset = next(e for e in events if e["event"] == "reset" and e.get("interrupted_at", 0) > t0)
+        noticed = reset.get("notified_at") or reset["interrupted_at"]
+        sync = next((e for e in events if e["event"] == "sync" and reset["interrupted_at"] < e["time"] <= reset["time"]),
+                    None)
+        reinit_end = sync["time"] - sync["seconds"] if sync else reset["time"]
+        phases = {"detection": noticed - t0, "interrupt": reset["interrupted_at"] - noticed,
+                  "re-initialisation": reinit_end - reset["interrupted_at"],
+                  "sync": sync["seconds"] if sync else 0.0, "first step": first["time"] - reset["time"]}
+        if joined:
+            worker = max(self.cluster.workers(self.job), key=lambda w: w["process_start"])
+            phases["joiner: start-up"] = worker["imported"] - worker["process_start"]
+            phases["joiner: start after event"] = worker["process_start"] - t0
+        return phases
+
+    def close(self) -> None:
+        self.cluster.stop(self.job, timeout=WAIT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="samples per event and mode (default %(default)s)")
+    parser.add_argument("--events", default=",".join(EVENTS), help="comma-separated subset of " + ",".join(EVENTS))
+    parser.add_argument("--json", type=Path, default=RESULTS / "recovery.json")
+    args = parser.parse_args(argv)
+    events = args.events.split(",")
+    bad = [e for e in events if e not in EVENTS]
+    if bad or args.rounds < 1:
+        parser.error(f"unknown event(s) {bad} (expected some of {', '.join(EVENTS)})" if bad else "--rounds must be >= 1")
+    reason = unavailable_reason()
+    if reason:
+        print(f"recovery: cannot run: {reason}", file=sys.stderr)
+        return 1
+
+    load_at_start = os.getloadavg()
+    samples: dict[str, dict[str, list[dict]]] = {e: {m: [] for m in MODES} for e in events}
+    with tempfile.TemporaryDirectory(prefix="hvd-elastic-recovery.") as tmp, \
+            ElasticCluster(Path(tmp), hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT) as cluster:
+        cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)])
+        cluster.agents[JOINER].stop()  # the joiner is not there at start
+        for r in range(args.rounds):
+            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+                round_ = Round(cluster, mode, Path(tmp) / f"{mode}-{r}")
+                try:
+                    for event in events:
+                        if event == "ttl" and mode == "horovod":
+                            continue
+                        sample = round_.measure(event)
+                        samples[event][mode].append(sample)
+                        print(f"round {r + 1} {mode:<11} {event:<10} {sample['seconds']:6.2f} s "
+                              f"rolled back {sample['rolled_back']}", flush=True)
+                finally:
+                    round_.close()
+
+    rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "events": {}}
+    for event in events:
+        ours = [s["seconds"] for s in samples[event]["hvd-elastic"]]
+        base = [s["seconds"] for s in samples[event]["horovod"]]
+        entry = {"hvd-elastic": samples[event]["hvd-elastic"], "horovod": samples[event]["horovod"],
+                 "rolled_back_median": statistics.median(s["rolled_back"] for s in samples[event]["hvd-elastic"])}
+        phases = [s["phases"] for s in samples[event]["hvd-elastic"]]
+        entry["phases_median_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+        report["events"][event] = entry
+        if base:
+            rows.append(Row(f"{event}: horovod + host file", spread(base)))
+            rows.append(Row(f"{event}: hvd-elastic", spread(ours), baseline=f"horovod + host file, {event}",
+                            ratio=paired_ratio(ours, base)))
+        else:
+            rows.append(Row(f"{event}: hvd-elastic (no baseline)", spread(ours)))
+    report["rows"] = rows
+    print()
+    print(format_table(f"event -> first committed step at the new size, 4 netns hosts over ssh, gloo timeout "
+                       f"{GLOO_TIMEOUT} s ({load_note(load_at_start)})", rows))
+    print("\nhvd-elastic phases (median s): " + "; ".join(
+        f"{event}: " + ", ".join(f"{k} {v:.2f}" for k, v in report["events"][event]["phases_median_s"].items())
+        for event in events))
+    print("steps rolled back (median): " + ", ".join(
+        f"{e} {report['events'][e]['rolled_back_median']:g}" for e in events))
+    write_json(args.json, report)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
