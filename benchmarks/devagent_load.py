@@ -4,12 +4,14 @@ The agent runs as its own process (``hvd-elastic consul-dev``); this process is
 the load.  Measured in one run:
 
 * health reads/s  -- ``GET /v1/health/service/<svc>?passing`` (1,000 entries) from
-                     ``--readers`` keep-alive connections, first with no watcher
-                     parked (the baseline), then with ``--watchers`` blocking
-                     queries parked on the same service; the ratio shows what the
-                     parked watchers cost;
+                     ``--readers`` keep-alive connections, with no watcher parked
+                     (the baseline) and with ``--watchers`` blocking queries parked
+                     on the same service, the two alternating round by round; the
+                     ratio, taken per round, shows what the parked watchers cost.
+                     Nothing changes between reads, so the agent answers them from
+                     its response cache;
 * wake-up         -- one instance's TTL check fails: seconds until every parked
-                     watcher has its answer (p50 / p99 / max over ``--rounds``);
+                     watcher has its answer (one per round);
 * TTL updates/s   -- ``PUT /v1/agent/check/pass/<id>`` heartbeats, the steady
                      write load of node agents;
 * agent RSS       -- resident memory of the agent process with the watchers parked.
@@ -18,7 +20,7 @@ horovodrun's discovery path reads the service about once a second per job, so
 reads/s is the number of jobs (or watchers) one dev agent can serve.
 
     python benchmarks/devagent_load.py [--instances 1000] [--watchers 1000] [--readers 8]
-                                       [--seconds 5] [--rounds 3] [--json PATH]
+                                       [--seconds 3] [--rounds 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 SERVICE = "bench-train"
 
@@ -67,8 +71,8 @@ class Conn:
             self.writer.close()
 
 
-def start_agent(nodes: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    ready = Path(tempfile.mkdtemp()) / "ready.json"
+def start_agent(nodes: int, workdir: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+    ready = workdir / "ready.json"
     names = ",".join(f"node-{i}" for i in range(nodes))
     proc = subprocess.Popen(
         [sys.executable, "-m", "hvd_elastic.cli", "--log-level", "WARNING", "consul-dev", "--nodes", names,
@@ -170,51 +174,43 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def measure(args, addresses: dict[str, str], proc: psutil.Process) -> dict:
+async def measure(args, addresses: dict[str, str], proc: psutil.Process) -> dict[str, list[float]]:
+    """Per round: reads with no watcher parked (the baseline), reads with ``--watchers``
+    parked, then one change that wakes them all, then TTL heartbeats."""
     first = next(iter(addresses.values()))
     placed = await register(addresses, args.instances)
     await read_rate(first, args.readers, 1.0)  # warm-up: connections, allocator, response cache
-    cpu0, wall0 = cpu_seconds(proc), time.monotonic()
-    baseline, entries, size = await read_rate(first, args.readers, args.seconds)
-    # Reads the agent could serve per second of its own CPU: the figure that does not
-    # depend on how much CPU this load generator and other processes take.
-    reads_per_agent_cpu_s = baseline * (time.monotonic() - wall0) / (cpu_seconds(proc) - cpu0)
-    assert entries == args.instances, entries
-
-    wakeups, wake_cpu, rss = [], [], 0
-    loaded = 0.0
+    s: dict[str, list[float]] = {k: [] for k in ("reads", "reads_watched", "reads_per_agent_cpu_s", "wake_s",
+                                                  "wake_agent_cpu_s", "ttl_per_s", "rss_mib", "answer_bytes")}
     for round_no in range(args.rounds):
+        # The previous round's watchers were all answered: none is parked now.
+        cpu0, wall0 = cpu_seconds(proc), time.monotonic()
+        rate, entries, size = await read_rate(first, args.readers, args.seconds)
+        assert entries == args.instances, entries
+        s["reads"].append(rate)
+        # Reads the agent could serve per second of its own CPU: the figure that does not
+        # depend on how much CPU this load generator and other processes take.
+        s["reads_per_agent_cpu_s"].append(rate * (time.monotonic() - wall0) / (cpu_seconds(proc) - cpu0))
+        s["answer_bytes"].append(size)
+
         index = await current_index(first)
         tasks = await park_watchers(addresses, args.watchers, index)
-        await asyncio.sleep(1.0)  # let every watcher park
-        if round_no == 0:
-            loaded, _, _ = await read_rate(first, args.readers, args.seconds)
-            rss = proc.memory_info().rss
-        node, sid = placed[round_no]
+        await asyncio.sleep(1.0)  # let every watcher park (one that is late answers at once: same outcome)
+        s["reads_watched"].append((await read_rate(first, args.readers, args.seconds))[0])
+        s["rss_mib"].append(proc.memory_info().rss / 2**20)
+
+        node, sid = placed[round_no % len(placed)]
         conn = Conn(*addresses[node].rsplit(":", 1))
         changed, cpu0 = time.monotonic(), cpu_seconds(proc)
         status, _, _ = await conn.request("PUT", f"/v1/agent/check/fail/service:{sid}")
         assert status == 200
         done = await asyncio.gather(*tasks)
-        wakeups.append(max(done) - changed)
-        wake_cpu.append(cpu_seconds(proc) - cpu0)
+        s["wake_s"].append(max(done) - changed)
+        s["wake_agent_cpu_s"].append(cpu_seconds(proc) - cpu0)
         await conn.request("PUT", f"/v1/agent/check/pass/service:{sid}")
         conn.close()
-    heartbeats = await ttl_rate(addresses, placed, args.seconds)
-    return {
-        "instances": args.instances,
-        "watchers": args.watchers,
-        "readers": args.readers,
-        "health_reads_per_s_baseline": baseline,
-        "health_reads_per_agent_cpu_s": reads_per_agent_cpu_s,
-        "health_response_bytes": size,
-        "health_reads_per_s_with_watchers": loaded,
-        "reads_ratio_with_watchers_vs_baseline": loaded / baseline,
-        "wake_all_watchers_s": {"p50": statistics.median(wakeups), "max": max(wakeups), "rounds": wakeups},
-        "wake_all_watchers_agent_cpu_s": statistics.median(wake_cpu),
-        "ttl_updates_per_s": heartbeats,
-        "agent_rss_mib_with_watchers": rss / 2**20,
-    }
+        s["ttl_per_s"].append(await ttl_rate(addresses, placed, args.seconds))
+    return s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,39 +219,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watchers", type=int, default=1000)
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes the instances are spread over")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each rate measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="wake-up measurements")
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "devagent_load.json"))
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each rate measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--json", type=Path, default=RESULTS / "devagent_load.json")
     args = parser.parse_args(argv)
     if min(args.instances, args.watchers, args.readers, args.nodes, args.rounds) < 1 or args.seconds <= 0:
         parser.error("--instances, --watchers, --readers, --nodes, --rounds must be >= 1 and --seconds > 0")
 
-    proc, addresses = start_agent(args.nodes)
-    try:
-        result = asyncio.run(measure(args, addresses, psutil.Process(proc.pid)))
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    load_at_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="hvd-elastic-devagent-load.") as workdir:
+        proc, addresses = start_agent(args.nodes, Path(workdir))
+        try:
+            s = asyncio.run(measure(args, addresses, psutil.Process(proc.pid)))
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
 
+    w = args.watchers
     rows = [
-        ("health reads/s, no watchers (baseline)", f"{result['health_reads_per_s_baseline']:.0f}"),
-        (f"health reads/s, {args.watchers} watchers parked", f"{result['health_reads_per_s_with_watchers']:.0f}"),
-        ("  ratio vs baseline", f"{result['reads_ratio_with_watchers_vs_baseline']:.2f}"),
-        ("health reads per agent CPU-second", f"{result['health_reads_per_agent_cpu_s']:.0f}"),
-        (f"wake all {args.watchers} watchers, p50 / max (s)",
-         f"{result['wake_all_watchers_s']['p50']:.3f} / {result['wake_all_watchers_s']['max']:.3f}"),
-        (f"agent CPU to wake all {args.watchers} (s)", f"{result['wake_all_watchers_agent_cpu_s']:.3f}"),
-        ("TTL updates/s", f"{result['ttl_updates_per_s']:.0f}"),
-        ("agent RSS with watchers (MiB)", f"{result['agent_rss_mib_with_watchers']:.0f}"),
+        Row("health reads, no watchers (baseline)", spread(s["reads"]), unit="/s"),
+        Row(f"health reads, {w} watchers parked", spread(s["reads_watched"]), unit="/s",
+            baseline="no watchers", ratio=paired_ratio(s["reads_watched"], s["reads"])),
+        Row("health reads per agent CPU-second", spread(s["reads_per_agent_cpu_s"]), unit="/s"),
+        Row(f"wake all {w} watchers", spread(s["wake_s"])),
+        Row(f"agent CPU to wake all {w}", spread(s["wake_agent_cpu_s"])),
+        Row("TTL updates", spread(s["ttl_per_s"]), unit="/s"),
+        Row(f"agent RSS with {w} watchers", spread(s["rss_mib"]), unit="MiB"),
     ]
-    print(f"consul-dev load: {args.instances} instances on {args.nodes} nodes, {args.readers} reader connections, "
-          f"{result['health_response_bytes'] / 1e6:.1f} MB per health answer")
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value:>12}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    print(format_table(
+        f"consul-dev load: {args.instances} instances on {args.nodes} nodes, {args.readers} reader connections, "
+        f"{s['answer_bytes'][-1] / 1e6:.1f} MB per health answer, served from the agent's response cache "
+        f"(nothing changes between reads); {args.rounds} interleaved rounds of {args.seconds:g} s rates; "
+        f"{load_note(load_at_start)}", rows))
+    report = {"instances": args.instances, "watchers": w, "readers": args.readers, "nodes": args.nodes,
+              "rows": rows, "samples": s, "load_average_start": load_at_start}
+    print(f"wrote {write_json(args.json, report)}")
     return 0
 
 

@@ -1,20 +1,30 @@
 """TrainingState vs Horovod's TorchState: commit, sync and training throughput.
 
-One run measures, on the same model (an MLP of about 26M parameters with Adam,
-so about 312 MB of parameters and moments) and two Gloo workers:
+One run measures, on the same model (an MLP of about 25M parameters with Adam,
+so about 290 MiB of parameters and moments) and two Gloo workers, every
+variant in the same processes (same interpreter, same flags, same torch
+threads), interleaved round by round so load from other processes falls on
+all of them alike:
 
-* commit: ``save()`` (the host copy) and ``commit()`` (save + Horovod's host
-  check) against a plain ``copy_`` of the same tensors into preallocated
-  buffers;
-* sync: ``sync()`` against ONE ``hvd.broadcast_`` of a flat tensor of the
-  same bytes;
-* throughput: a training loop committing every step against the same loop
-  without any state library.
+* commit: ``commit()`` (host copy + Horovod's host check, what the target
+  names) against a plain ``copy_`` of the same tensors into preallocated
+  buffers; also shown: ``copy_`` followed by the same host check on a bare
+  Horovod state (the least any commit does), and ``save()`` (the host copy
+  alone);
+* sync: ``sync()`` against ONE ``hvd.broadcast_`` of a flat tensor of the same
+  bytes, on both of rank 0's paths: after ``restore()`` (its tensors are the
+  committed copy: it sends that, no copy) and after a standalone
+  ``check_host_updates()`` (it copies its live tensors first);
+* throughput: a training step + commit against the same step without any
+  state library.
 
-Targets (ratios to the baseline measured in the same run): commit <= 1.2x,
-sync <= 1.3x, throughput within 3%.
+Targets (ratios to the baseline measured in the same run, judged on the
+median of the per-round ratios): commit <= 1.2x, sync <= 1.3x (both paths),
+train step + commit <= 1.03x.  Each ratio is printed with its baseline, its
+sample count and the 90% interval of its median ("unresolved" while the
+target lies inside it: run more rounds).
 
-    python benchmarks/state_bench.py [--json PATH] [--steps N] [--batch B]
+    python benchmarks/state_bench.py [--json PATH] [--rounds N] [--sync-rounds N] [--steps N] [--batch B]
 
 Without Horovod's environment the script starts itself under
 ``horovodrun -np 2 -H localhost:2``; rank 0 prints the table and writes JSON
@@ -24,25 +34,27 @@ Without Horovod's environment the script starts itself under
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = REPO / "benchmarks" / "results" / "state_bench.json"
+DEFAULT_JSON = RESULTS / "state_bench.json"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where rank 0 writes the results")
     p.add_argument("--np", type=int, default=2, help="workers to launch (default 2)")
-    p.add_argument("--width", type=int, default=4096, help="hidden width of the MLP (4096: ~26M parameters)")
-    p.add_argument("--reps", type=int, default=7, help="repetitions of each commit/sync measurement")
-    p.add_argument("--steps", type=int, default=9, help="timed training steps per variant (interleaved)")
+    p.add_argument("--width", type=int, default=4096, help="hidden width of the MLP (4096: ~25M parameters)")
+    p.add_argument("--rounds", type=int, default=30, help="interleaved rounds of the commit measurements")
+    p.add_argument("--sync-rounds", type=int, default=20, help="interleaved rounds of the sync measurements")
+    p.add_argument("--steps", type=int, default=20, help="timed training steps per variant (interleaved)")
     p.add_argument("--batch", type=int, default=512, help="per-worker batch of the throughput loop")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     return p.parse_args(argv)
@@ -116,28 +128,31 @@ class Bench:
     def barrier(self) -> None:
         self.hvd.allreduce(self.torch.zeros(1), name="bench.barrier")
 
-    def slowest(self, seconds: float) -> float:
-        """The largest of every rank's time for the same operation."""
-        t = self.torch.tensor([seconds], dtype=self.torch.float64)
-        return self.hvd.allreduce(t, op=self.hvd.Max, name="bench.max").item()
+    def slowest(self, seconds: list[float]) -> list[float]:
+        """Per sample, the largest of every rank's time for the same operation."""
+        t = self.torch.tensor(seconds, dtype=self.torch.float64)
+        return self.hvd.allreduce(t, op=self.hvd.Max, name="bench.max").tolist()
 
-    def timed(self, fns: dict, reps: int | None = None) -> dict[str, dict[str, float]]:
-        """Each fn's time on the slowest rank: median and best of ``--reps`` rounds.
+    def timed(self, fns: dict, rounds: int, prepare: dict | None = None) -> dict[str, list[float]]:
+        """``rounds`` samples of each fn, the fns interleaved round by round.
 
-        The variants run interleaved, round by round, so load from other
-        processes on the machine falls on all of them alike.
+        ``prepare[name]`` runs untimed before each sample of ``name``.  A sample
+        is the slowest rank's time.
         """
+        prepare = prepare or {}
         times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(reps or self.args.reps):
+        for _ in range(rounds):
             for name, fn in fns.items():
+                if name in prepare:
+                    prepare[name]()
                 self.barrier()
                 start = time.perf_counter()
                 fn()
-                times[name].append(self.slowest(time.perf_counter() - start))
-        return {name: {"median": statistics.median(t), "best": min(t)} for name, t in times.items()}
+                times[name].append(time.perf_counter() - start)
+        return {name: self.slowest(t) for name, t in times.items()}
 
     def run(self) -> dict:
-        torch, hvd = self.torch, self.hvd
+        torch, hvd, args = self.torch, self.hvd, self.args
         from hvd_elastic.training.state import TrainingState
 
         tensors = self.plain.tensors()
@@ -151,29 +166,46 @@ class Bench:
             for dst, src in zip(copies, tensors):
                 dst.copy_(src)
 
+        # Horovod's host check (a broadcast_object) on a state holding nothing.
+        from horovod.common.elastic import ObjectState
+        bare = ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+
+        def copy_and_check():
+            plain_copy()
+            bare.check_host_updates()
+
         ours = TrainingState(model=self.mine.model, optimizer=self.mine.optimizer, epoch=0)
         theirs = hvd.elastic.TorchState(model=self.other.model, optimizer=self.other.optimizer, epoch=0)
-        results = self.timed({
+        samples = self.timed({
             "copy_": plain_copy,
-            "ours.save": ours.save,
+            "copy_+check": copy_and_check,
             "ours.commit": ours.commit,
-            "torchstate.save": theirs.save,
+            "ours.save": ours.save,
             "torchstate.commit": theirs.commit,
-        })
+        }, args.rounds)
         del copies
 
         # sync --------------------------------------------------------------------------------
         flat = torch.empty(nbytes // 4, dtype=torch.float32)
         wire: list[float] = []
         ours.add_listener(lambda event, f: wire.append(f["broadcast_seconds"]) if event == "sync" else None)
-        results.update(self.timed({
+        samples.update(self.timed({
             "broadcast_": lambda: hvd.broadcast_(flat, 0, name="bench.flat"),
-            "ours.sync": ours.sync,
+            "ours.sync (no copy)": ours.sync,
+            "ours.sync (copy)": ours.sync,
             "torchstate.sync": theirs.sync,
+        }, args.sync_rounds, prepare={
+            # After a collective failure: restore(), then sync(); rank 0's tensors
+            # are its committed copy and it sends that as is.
+            "ours.sync (no copy)": ours.restore,
+            # A standalone host check: the live state may have moved on in ways
+            # version counters miss, so rank 0 copies it before sending.
+            "ours.sync (copy)": ours.check_host_updates,
         }))
         del flat
-        results["ours.sync.broadcast"] = {"median": self.slowest(statistics.median(wire)),
-                                          "best": self.slowest(min(wire))}
+        wire = self.slowest(wire)  # one per ours.sync call: no copy, copy, no copy, ...
+        samples["ours.sync (no copy): bucket broadcasts"] = wire[0::2]
+        samples["ours.sync (copy): bucket broadcasts"] = wire[1::2]
 
         # throughput: one training step (+ commit) per sample, the variants alternating
         # step by step so that bursts of load from other processes hit them alike.
@@ -183,66 +215,43 @@ class Bench:
                 commit()
             return one_step
 
-        results.update(self.timed({
-            "loop": step_then(self.plain, lambda: None),
-            "ours.loop": step_then(self.mine, ours.commit),
-            "torchstate.loop": step_then(self.other, theirs.commit),
-        }, reps=self.args.steps))
+        samples.update(self.timed({
+            "step": step_then(self.plain, lambda: None),
+            "ours.step+commit": step_then(self.mine, ours.commit),
+            "torchstate.step+commit": step_then(self.other, theirs.commit),
+        }, args.steps))
 
-        def ratio(a: str, b: str) -> dict[str, float]:
-            return {k: results[a][k] / results[b][k] for k in ("median", "best")}
+        def row(label, name, baseline=None, target=None):
+            ratio = paired_ratio(samples[name], samples[baseline]) if baseline else None
+            return Row(label, spread(samples[name]), baseline=baseline, ratio=ratio, target=target)
 
+        rows = [
+            row("plain copy_ (baseline)", "copy_"),
+            row("commit", "ours.commit", "copy_", 1.2),
+            row("commit, TorchState", "torchstate.commit", "copy_"),
+            row("copy_ + host check", "copy_+check", "copy_"),
+            row("commit vs the same host check", "ours.commit", "copy_+check"),
+            row("save (host copy only)", "ours.save", "copy_"),
+            row("one flat broadcast_ (baseline)", "broadcast_"),
+            row("sync after restore (no copy)", "ours.sync (no copy)", "broadcast_", 1.3),
+            row("  of which bucket broadcasts", "ours.sync (no copy): bucket broadcasts"),
+            row("sync after host check (copy)", "ours.sync (copy)", "broadcast_", 1.3),
+            row("  of which bucket broadcasts", "ours.sync (copy): bucket broadcasts"),
+            row("sync, TorchState", "torchstate.sync", "broadcast_"),
+            row("train step (baseline)", "step"),
+            row("train step + commit", "ours.step+commit", "step", 1.03),
+            row("train step + commit, TorchState", "torchstate.step+commit", "step"),
+        ]
         return {
             "world_size": hvd.size(),
             "parameters": params,
             "state_bytes": nbytes,
             "torch_threads": torch.get_num_threads(),
-            "batch": self.args.batch,
-            "seconds": results,
-            "load_average": os.getloadavg(),
-            "ratios": {
-                "ours.save/copy_": ratio("ours.save", "copy_"),
-                "ours.commit/copy_": ratio("ours.commit", "copy_"),
-                "torchstate.save/copy_": ratio("torchstate.save", "copy_"),
-                "torchstate.commit/copy_": ratio("torchstate.commit", "copy_"),
-                "ours.sync/broadcast_": ratio("ours.sync", "broadcast_"),
-                "torchstate.sync/broadcast_": ratio("torchstate.sync", "broadcast_"),
-                "ours.loop/loop": ratio("ours.loop", "loop"),
-                "torchstate.loop/loop": ratio("torchstate.loop", "loop"),
-            },
-            "targets": {"ours.save/copy_": 1.2, "ours.sync/broadcast_": 1.3, "ours.loop/loop": 1.03},
-            "seconds_note": "per operation (per step for loops), slowest rank; median and best over rounds",
+            "batch": args.batch,
+            "rows": rows,
+            "samples_s": samples,
+            "samples_note": "seconds per operation (per step for the train rows), slowest rank, one per round",
         }
-
-
-def table(report: dict) -> str:
-    s, r = report["seconds"], report["ratios"]
-    rows = [
-        ("commit (host copy)", "copy_", "ours.save", "torchstate.save", "<= 1.2x"),
-        ("commit (+host check)", "copy_", "ours.commit", "torchstate.commit", ""),
-        (f"sync, {report['world_size']} workers", "broadcast_", "ours.sync", "torchstate.sync", "<= 1.3x"),
-        ("train step + commit", "loop", "ours.loop", "torchstate.loop", "<= 1.03x"),
-    ]
-    head = (f"{report['parameters'] / 1e6:.1f}M-parameter MLP + Adam, {report['state_bytes'] / 2**20:.0f} MiB of state, "
-            f"{report['world_size']} Gloo workers, batch {report['batch']}, {report['torch_threads']} torch thread(s), "
-            f"load average {report['load_average'][0]:.1f}; seconds are medians (best) of interleaved rounds")
-    lines = [head, f"{'measure':22} {'baseline':>10} {'base s':>15} {'ours s':>15} {'ours x':>13} "
-                   f"{'TorchState s':>15} {'TS x':>13}  target"]
-
-    def cell(name: str) -> str:
-        return f"{s[name]['median']:.3f} ({s[name]['best']:.3f})"
-
-    def times(a: str, b: str) -> str:
-        x = r[f"{a}/{b}"]
-        return f"{x['median']:.2f}x ({x['best']:.2f}x)"
-
-    for label, base, ours, theirs, target in rows:
-        base_name = "no library" if base == "loop" else base
-        lines.append(f"{label:22} {base_name:>10} {cell(base):>15} {cell(ours):>15} {times(ours, base):>13} "
-                     f"{cell(theirs):>15} {times(theirs, base):>13}  {target}")
-    lines.append(f"ours.sync: bucket broadcasts with their overlapped copies {cell('ours.sync.broadcast')} s; "
-                 f"the rest is the header broadcast_object and loading small state")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -254,12 +263,16 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     hvd.init()
+    load_at_start = os.getloadavg()
     report = Bench(args).run()
     if hvd.rank() == 0:
-        print(table(report), flush=True)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}", flush=True)
+        print(format_table(
+            f"{report['parameters'] / 1e6:.1f}M-parameter MLP + Adam, {report['state_bytes'] / 2**20:.0f} MiB of state, "
+            f"{report['world_size']} Gloo workers, batch {report['batch']}, {report['torch_threads']} torch thread(s), "
+            f"{load_note(load_at_start)}; slowest rank per sample, ratios per interleaved round",
+            report["rows"]), flush=True)
+        report["load_average_start"] = load_at_start
+        print(f"wrote {write_json(args.json, report)}", flush=True)
     return 0
 
 
