@@ -11,8 +11,13 @@
 * :mod:`.consul` -- requests to a (dev) Consul agent and discovery runs as horovodrun makes them.
 * :mod:`.ledger` -- the exactly-once check over per-sample ledgers.
 * :mod:`.netns`  -- :class:`NetnsBed`: several real hosts on one machine (network
-  namespaces with their own sshd, host name and node agent) and the faults it
-  can inject (crash, freeze, partition, drain, ...).
+  namespaces with their own address, sshd and host name) and the faults it can
+  inject on them (crash, freeze, partition).
+* :mod:`.multihost` -- :class:`ElasticCluster`: the bed plus the dev Consul agent,
+  a node agent in every host and an elastic horovodrun over ssh (drain, TTL expiry,
+  host added, Consul outage on top of the bed's faults).
+* :mod:`.worker` -- the training job those run (``python -m hvd_elastic.testbed.worker``),
+  writing the ledger, progress and final checksums :mod:`.ledger` judges.
 
 Nothing here is imported by the training or discovery code paths.
 """

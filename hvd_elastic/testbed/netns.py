@@ -261,10 +261,6 @@ class NetnsBed:
                     procs.append(proc)
         return procs
 
-    def all_pids(self) -> list[int]:
-        """Every process on the test hosts (not the launcher), for :class:`Job`'s ``also_kill``."""
-        return [p.pid for name in list(self.hosts) for p in self.processes(name)]
-
     # -- faults ------------------------------------------------------------
 
     def signal(self, host: str | Host, sig: int, match: str | None = None) -> list[int]:
