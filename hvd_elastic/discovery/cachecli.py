@@ -21,10 +21,11 @@ import time
 from hvd_elastic.config import ConsulConfig
 from hvd_elastic.discovery import cache, fast, jobdir
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.options import ConfigError, argument_type, consul_config, env, positive_float
 from hvd_elastic.discovery.errors import ConsulError
+from hvd_elastic.discovery.options import ConfigError, argument_type, consul_config, env, positive_float
 
 cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
+job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +40,6 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--job", type=job_type, help=argparse.SUPPRESS)
 
 
-job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
-
-
 def cache_max_age(args: argparse.Namespace) -> float:
     """The freshness bound: explicit, or a few seconds beyond the longest a blocking query may park."""
     return args.cache_max_age or args.watch_wait * 17 / 16 + 5.0
@@ -53,8 +51,7 @@ WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send 
 
 def watch_fetch(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options):
     """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time)."""
-
-    from hvd_elastic.discovery import cli
+    from hvd_elastic.discovery import cli  # cli imports this module
 
     def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
         wait = args.watch_wait
