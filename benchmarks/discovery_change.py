@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cache_testing import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
-from discovery_speed import ARGS, CONSUL_HOSTS, dev_agent, SERVICE, child_env, cluster_parser, private_dir, register, request, result_path  # noqa: E402
+from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, dev_agent, private_dir, request, result_path  # noqa: E402
 from report import Row, format_table, load_note, spread, write_json  # noqa: E402
 
 POLL_S = 0.002
@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         state = private_dir(work, "state")
         try:
-            with dev_agent(work, args.nodes) as addresses:
-                register(addresses, args.instances)
+            with dev_agent(work, args.nodes, args.instances) as addresses:
                 nodes = list(addresses.values())
                 env = child_env(nodes[0], state, "on")
                 first = subprocess.run([str(CONSUL_HOSTS), *ARGS], env=env, capture_output=True, start_new_session=True, timeout=120)

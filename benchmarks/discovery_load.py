@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cache_testing import CountingProxy, kill_watchers  # noqa: E402
-from discovery_speed import ARGS, CONSUL_HOSTS, dev_agent, child_env, cluster_parser, private_dir, register, result_path  # noqa: E402
+from discovery_speed import ARGS, CONSUL_HOSTS, child_env, cluster_parser, dev_agent, private_dir, result_path  # noqa: E402
 from report import load_note, write_json  # noqa: E402
 
 
@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         cache_state = private_dir(work, "cache")
         try:
-            with dev_agent(work, args.nodes) as addresses:
-                register(addresses, args.instances)
+            with dev_agent(work, args.nodes, args.instances) as addresses:
                 addr = next(iter(addresses.values()))
                 with CountingProxy(addr) as direct_proxy, CountingProxy(addr) as cache_proxy:
                     calls = {"direct": {}, "cache": {}}

@@ -87,10 +87,12 @@ def result_path(args: argparse.Namespace, name: str) -> Path:
 
 
 @contextlib.contextmanager
-def dev_agent(workdir: Path, nodes: int) -> Iterator[dict[str, str]]:
-    """The dev agent with ``nodes`` nodes in its own process, as Consul runs: {node: host:port}."""
+def dev_agent(workdir: Path, nodes: int, instances: int = 0) -> Iterator[dict[str, str]]:
+    """The dev agent with ``nodes`` nodes in its own process, as Consul runs, and ``instances``
+    registered (see :func:`register`): {node: host:port}."""
     job, addresses = start_dev_agent([f"node{i}" for i in range(nodes)], env=testbed_env(), logdir=workdir)
     try:
+        register(addresses, instances)
         yield addresses
     finally:
         job.stop()
@@ -266,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="discovery-speed-") as tmp:
-        with dev_agent(Path(tmp), args.nodes) as addresses:
-            register(addresses, args.instances)
+        with dev_agent(Path(tmp), args.nodes, args.instances) as addresses:
             result = measure(args, addresses, Path(tmp))
     title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer), "
              f"{args.runs} interleaved rounds, {args.cold_runs} cold starts; {load_note(load)}")
