@@ -158,12 +158,31 @@ def _parse_addr(raw: str) -> tuple[str, str, int]:
     return scheme, host, port
 
 
+def token_file_exposure(path: str) -> str | None:
+    """Why users other than the owner may get at the token file ``path`` (ssh's rule for private keys), or None."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return None  # reading it reports the error
+    if mode & 0o077:
+        import shlex  # only on this rare path
+
+        return f"is open to other users (mode {mode:04o}): run chmod 600 {shlex.quote(path)}"
+    return None
+
+
 def _read_token_file(source: str, path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+            token = f.read().strip()
     except OSError as exc:
         raise ConfigError(f"{source}={path!r} cannot be read: {exc.strerror}") from None
+    exposed = token_file_exposure(path)
+    if exposed:  # a warning, not a refusal: a group-shared token file may be a site's deliberate choice
+        import logging  # only here: discovery's path stays light
+
+        logging.getLogger("hvd_elastic.config").warning("%s=%r %s", source, path, exposed)
+    return token
 
 
 def _resolve_token(env: Mapping[str, str], token: str | None, token_file: str | None) -> str | None:

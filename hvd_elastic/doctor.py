@@ -19,7 +19,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from hvd_elastic.config import ConfigError, ConsulConfig
+from hvd_elastic.config import ConfigError, ConsulConfig, token_file_exposure
+from hvd_elastic.discovery import token_guard
 from hvd_elastic.discovery.options import argument_type
 
 BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
@@ -134,6 +135,27 @@ def check_consul(args: argparse.Namespace) -> Finding:
     return Finding("consul", True, f"{cfg.base_url} leader {leader}")
 
 
+def check_token(args: argparse.Namespace) -> Finding:
+    """The token check discovery makes under horovodrun (:mod:`hvd_elastic.discovery.token_guard`), and the token file's mode."""
+    try:
+        accepted = token_guard.allowed(os.environ)
+    except ConfigError as exc:
+        return Finding("token", False, str(exc), f"set {token_guard.ALLOW_ENV}=1 or unset it")
+    found = token_guard.exposure(os.environ, token_flag=False)
+    if found is not None:
+        risk, fix = found
+        allow = f"{token_guard.ALLOW_ENV}=1"
+        detail = f"{risk}; under horovodrun discovery " + (f"runs anyway ({allow})" if accepted else f"refuses to run unless {allow}")
+        return Finding("token", False, detail, fix, required=not accepted)
+    path = os.environ.get("CONSUL_HTTP_TOKEN_FILE")
+    if not path:
+        return Finding("token", True, "no Consul ACL token set")
+    exposed = token_file_exposure(path)
+    if exposed:
+        return Finding("token", False, f"CONSUL_HTTP_TOKEN_FILE={path!r} {exposed}", required=False)
+    return Finding("token", True, f"CONSUL_HTTP_TOKEN_FILE={path!r}, readable by its owner only")
+
+
 def check_gpus(args: argparse.Namespace) -> Finding:
     # The same detection the node agent advertises its slots from.
     from hvd_elastic.nodeagent.probes import query_gpus
@@ -157,7 +179,7 @@ def check_disk(args: argparse.Namespace) -> Finding:
 
 
 CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
-    check_python, check_torch, check_horovod, check_mpi, check_consul, check_gpus, check_disk,
+    check_python, check_torch, check_horovod, check_mpi, check_consul, check_token, check_gpus, check_disk,
 ]
 
 
@@ -172,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require-gpu", action="store_true", help="fail, not warn, when no GPU is visible")
     parser.add_argument("--timeout", type=_non_negative, default=2.0,
                         help="seconds to wait for the Consul agent (default %(default)s)")
-    parser.epilog = "Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the other CONSUL_HTTP_* variables."
+    parser.epilog = "Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE and the other CONSUL_HTTP_* variables."
 
 
 def run(args: argparse.Namespace) -> int:

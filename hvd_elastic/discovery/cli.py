@@ -41,7 +41,7 @@ import argparse
 import sys
 
 from hvd_elastic.config import ConsulConfig
-from hvd_elastic.discovery import cachecli, fast
+from hvd_elastic.discovery import cachecli, fast, token_guard
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
 from hvd_elastic.discovery.options import (
@@ -200,6 +200,7 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
         if rec is not None:
             return fast.emit(rec)
     try:
+        token_guard.check_discovery(token_flag=bool(args.token))  # before the token is used anywhere
         config = consul_config(args)
         options = options_from_args(args)
     except ConfigError as exc:

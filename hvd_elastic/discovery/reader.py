@@ -118,7 +118,7 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> tu
         raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
     if status == 403:
         raise ConsulError(
-            f"{where} refused access (403 {_error_text(body)}): set CONSUL_HTTP_TOKEN or --token to a token with the rights needed",
+            f"{where} refused access (403 {_error_text(body)}): give a token with the rights needed in CONSUL_HTTP_TOKEN_FILE or --token-file",
             retryable=False,
             status=status,
         )
@@ -160,7 +160,7 @@ def check_not_hidden(config: ConsulConfig, answer: Any, timeout: float) -> Any:
     """``answer`` unchanged, unless it is empty only because ACLs hide everything from no token."""
     if not answer and answer is not None and not config.token and anonymous_is_denied(config, timeout):
         raise ConsulError(
-            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or --token",
+            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN_FILE or --token-file to a file holding one",
             retryable=False,
         )
     return answer

@@ -38,7 +38,7 @@ def describe(exc: BaseException, config: ConsulConfig) -> str:
     """A one-line explanation of a failed Consul call (never includes the token)."""
     where = f"Consul agent at {config.base_url}"
     if isinstance(exc, consul.ACLPermissionDenied):
-        return f"{where} refused access (403 {str(exc).strip()[:200]}): set CONSUL_HTTP_TOKEN or --token"
+        return f"{where} refused access (403 {str(exc).strip()[:200]}): give a token with the rights needed in CONSUL_HTTP_TOKEN_FILE or --token-file"
     if isinstance(exc, requests.exceptions.SSLError):
         reason = "certificate verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(exc) else "handshake failed"
         return f"TLS with {where} failed: {reason} (check CONSUL_CACERT / --ca-file)"

@@ -21,6 +21,9 @@ MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM":
 # Settings a developer's shell may carry that must not steer a child silently:
 # a test's job talks to the dev agent the test started, not to the user's Consul.
 _SCRUBBED_PREFIXES = ("CONSUL_", "HVD_ELASTIC_")
+# Dropped even with scrub=False: the bed's and the demo's Consul is a dev agent, never the user's, and
+# horovodrun would copy a token onto every worker's command line (hvd_elastic/discovery/token_guard.py).
+_TOKEN_VARIABLES = ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE")
 
 
 def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, discovery_state: str | Path | None = None,
@@ -36,10 +39,11 @@ def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, disc
     pytest's ``tmp_path``) so no run writes to or reads the shared default in /tmp.
     ``scrub=False`` keeps the ``CONSUL_*``/``HVD_ELASTIC_*`` settings of ``base``:
     for what a user runs (the demo), whose own settings (a state directory, a log
-    level) must reach every child.  ``extra`` is applied last and wins over all of the above.
+    level) must reach every child; a Consul token never does.  ``extra`` is applied
+    last and wins over all of the above.
     """
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not (scrub and k.startswith(_SCRUBBED_PREFIXES))}
+           if not (scrub and k.startswith(_SCRUBBED_PREFIXES)) and k not in _TOKEN_VARIABLES}
     env["PATH"] = os.pathsep.join(filter(None, [str(VENV_BIN), env.get("PATH")]))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
