@@ -46,9 +46,12 @@ class ElasticCluster:
         gloo_timeout: ``HOROVOD_GLOO_TIMEOUT_SECONDS`` of the job: what a collective
             with a hung or partitioned peer waits before it fails.
         slots: slots each node agent advertises.
+        acl_token: turn the dev agent's ACLs on with this token, which every process the
+            cluster starts reads from a file only its owner may read (``consul_env``).
     """
 
-    def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1):
+    def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
+                 acl_token: str | None = None):
         self.workdir = Path(workdir)
         self.slots = slots
         self.ttl = ttl
@@ -58,12 +61,21 @@ class ElasticCluster:
         self.agents: dict[str, Job] = {}
         self.jobs: list[Job] = []
         self._initial = hosts
+        self.acl_token = acl_token
+        # The Consul settings of every process the cluster starts (node agents, operator commands,
+        # discovery, the job): the token's FILE, never its value.  A test may replace it before start_job.
+        self.consul_env: dict[str, str] = {}
 
     def __enter__(self) -> "ElasticCluster":
         self.bed.__enter__()
         try:
             nodes = [LAUNCHER, *(f"{PREFIX}{i}" for i in range(1, self._initial + SPARE_HOSTS + 1))]
-            self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address).start()
+            if self.acl_token is not None:
+                token_file = self.workdir / "consul-token"
+                token_file.touch(mode=0o600)
+                token_file.write_text(self.acl_token)
+                self.consul_env = {"CONSUL_HTTP_TOKEN_FILE": str(token_file)}
+            self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address, acl_token=self.acl_token).start()
             for host in self.bed.hosts:
                 self.start_agent(host)
         except BaseException:
@@ -96,7 +108,7 @@ class ElasticCluster:
         job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
                                      "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),
                                      "--interval", str(interval), "--probe", "memory", "--min-free-memory", "1K"]),
-                  env=child_env(), logdir=self.workdir / "logs", name=f"node-agent.{host}")
+                  env=child_env(**self.consul_env), logdir=self.workdir / "logs", name=f"node-agent.{host}")
         self.agents[host] = job.start()
         return job
 
@@ -107,7 +119,7 @@ class ElasticCluster:
     def hvd_elastic(self, host: str, *args: str) -> None:
         """Run an ``hvd-elastic`` operator command (drain, undrain...) on ``host`` against its own agent."""
         result = self.bed.run(host, [HVD_ELASTIC, *args, "--http-addr", self.consul_addr(host)],
-                              env=child_env())
+                              env=child_env(**self.consul_env))
         if result.returncode != 0:
             raise RuntimeError(f"hvd-elastic {' '.join(args)} on {host} failed: {result.stderr.strip()}")
 
@@ -126,7 +138,7 @@ class ElasticCluster:
     def discovered(self) -> list[str]:
         """What the discovery script prints right now (as horovodrun on the launcher would see it)."""
         result = self.bed.run(LAUNCHER, [CONSUL_HOSTS, "--http-addr", self.consul_addr()],
-                              env=child_env(discovery_state=self.workdir / "discovery-probe"))
+                              env=child_env(discovery_state=self.workdir / "discovery-probe", **self.consul_env))
         return sorted(result.stdout.split()) if result.returncode == 0 else []
 
     def wait_discovered(self, expected: list[str], timeout: float = 60.0) -> None:
@@ -155,7 +167,8 @@ class ElasticCluster:
         cmd = horovodrun_elastic(discovery, np, min_np, max_np, "--network-interface", "eth0", *horovodrun_args,
                                  VENV_BIN / "python", "-m", "hvd_elastic.testbed.worker", "--out", out, *worker_args)
         env = self.bed.env(child_env(discovery_state=out / "discovery-state",
-                                     HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120"))
+                                     HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
+                                     **self.consul_env))
         job = Job(self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
                   also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         job.out = out
