@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
     "status": ("hvd_elastic.nodeagent.status", "show the service's nodes, slots, health and what discovery prints"),
     "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
+    "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
 }
 
 

@@ -1,0 +1,114 @@
+"""``hvd-elastic report RUN_DIR``: print a run's membership timeline and summary, and draw its PNG.
+
+Works on any run of ``@hvd_elastic.run`` (see :mod:`hvd_elastic.report` for the
+files it reads), finished or still being written.  Exit status: 0 when the
+report was printed (skipped lines are warned about on stderr, one line each,
+naming the file and line), 2 when the run directory or its event log is
+missing, 1 when the picture could not be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from .runlog import RunDirError, RunLog, read_run
+from .timeline import Timeline, build, format_table
+
+log = logging.getLogger("hvd_elastic.report")
+
+PNG_NAME = "report.png"
+
+
+@dataclasses.dataclass
+class Report:
+    run: RunLog
+    timeline: Timeline
+    exactly_once: str | None  # the ledger verdict's line; None when the run keeps no ledger
+    exactly_once_ok: bool | None  # None: not checked (no ledger, or the job has not finished)
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        """Training finished and the ledger verdict (when there is a ledger) holds."""
+        return self.timeline.finished and self.exactly_once_ok is not False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="the run's directory: events.jsonl, and progress.jsonl, actions.jsonl, ledger/ if any")
+    parser.add_argument("--png", metavar="PATH", help=f"where to write the picture (default RUN_DIR/{PNG_NAME})")
+    parser.add_argument("--no-png", action="store_true", help="print the table only")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = make_report(args.run_dir)
+    except RunDirError as exc:
+        print(f"hvd-elastic report: {exc}", file=sys.stderr)
+        return 2
+    print(report.text)
+    if args.no_png:
+        return 0
+    try:
+        png = draw_png(report, args.png)
+    except OSError as exc:
+        print(f"hvd-elastic report: cannot write the picture {args.png or ''}: {exc}", file=sys.stderr)
+        return 1
+    print(f"picture: {png}")
+    return 0
+
+
+def make_report(run_dir: str | Path) -> Report:
+    """Read ``run_dir`` and build its report (no picture); warns once per skipped line."""
+    run_log = read_run(run_dir)
+    for warning in run_log.warnings:
+        log.warning("%s", warning)
+    timeline = build(run_log)
+    verdict_line, verdict_ok = _exactly_once(run_log.directory)
+    lines = [f"run {run_log.directory}", format_table(timeline), _summary(timeline)]
+    if verdict_line is not None:
+        lines.append(verdict_line)
+    return Report(run_log, timeline, verdict_line, verdict_ok, "\n".join(lines))
+
+
+def draw_png(report: Report, path: str | Path | None = None) -> Path:
+    from .plot import draw  # matplotlib only when a picture is wanted
+
+    return draw(report.run, report.timeline, Path(path) if path else report.run.directory / PNG_NAME)
+
+
+def _summary(timeline: Timeline) -> str:
+    changes = timeline.changes
+    recoveries = [c.recovery_s for c in changes if c.recovery_s is not None]
+    rolled = sum(c.rolled_back or 0 for c in changes)
+    last = timeline.last_step
+    state = "finished" if timeline.finished else "not finished (still running, or stopped)"
+    where = (f"; last committed step {last['step']} at world size {last['size']}"
+             + (f", epoch {last['epoch']}" if "epoch" in last else "")
+             + (f", loss {last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "")) if last else ""
+    longest = f", longest recovery {max(recoveries):.1f} s" if recoveries else ""
+    plural = "" if len(changes) == 1 else "s"
+    return f"{len(changes)} membership change{plural}{longest}, {rolled} committed steps rolled back in all; training {state}{where}"
+
+
+def _exactly_once(directory: Path) -> tuple[str | None, bool | None]:
+    """The ledger verdict as one line, and whether it holds (None: not checked)."""
+    if not (directory / "ledger").is_dir():
+        return None, None
+    if not any(directory.glob("final-*.json")):
+        return "exactly-once: not checked yet (no final-<rank>.json: the job has not finished)", None
+    from hvd_elastic.testbed.ledger import verdict
+
+    try:
+        result = verdict(directory)
+    except (ValueError, KeyError, TypeError) as exc:  # a ledger or final file that is not what the worker writes
+        return f"exactly-once: FAILED: unreadable evidence: {exc}", False
+    problems = result.problems()
+    if problems:
+        return f"exactly-once: FAILED: {'; '.join(problems)}", False
+    return (f"exactly-once: OK: each of the {result.samples} samples trained exactly once in each of "
+            f"{result.epochs} epochs (ledgers of every rank; rolled-back steps excluded)"), True
