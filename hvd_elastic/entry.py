@@ -1,0 +1,25 @@
+"""The ``hvd-elastic`` console script.
+
+horovodrun may run ``hvd-elastic discover`` every second for a whole job, so
+that one word is routed to discovery's warm path (:mod:`hvd_elastic.discovery.fast`:
+the job's host cache, read before any flag is parsed) before the command line
+module and its argparse and logging are imported.  Everything else, and a
+discovery call the cache cannot answer, goes to :func:`hvd_elastic.cli.main`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["discover"]:
+        from hvd_elastic.discovery import fast
+
+        rec = fast.cached_answer(argv[1:])
+        if rec is not None:
+            return fast.emit(rec)
+    from hvd_elastic.cli import main as cli_main
+
+    return cli_main(argv)
