@@ -31,11 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_testing import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
+from hvd_elastic.testbed.hostcache import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
 from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, dev_agent, private_dir, request, result_path  # noqa: E402
 from report import Row, format_table, load_note, spread, write_json  # noqa: E402
 

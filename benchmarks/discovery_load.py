@@ -26,11 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_testing import CountingProxy, kill_watchers  # noqa: E402
+from hvd_elastic.testbed.hostcache import CountingProxy, kill_watchers  # noqa: E402
 from discovery_speed import ARGS, CONSUL_HOSTS, child_env, cluster_parser, dev_agent, private_dir, result_path  # noqa: E402
 from report import load_note, write_json  # noqa: E402
 

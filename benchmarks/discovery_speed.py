@@ -53,17 +53,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "discovery"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_testing import fresh_record, read_record  # noqa: E402
-from hvd_elastic.testbed import child_env as testbed_env  # noqa: E402
+from hvd_elastic.testbed.hostcache import fresh_record, read_record  # noqa: E402
+from hvd_elastic.testbed import CONSUL_HOSTS, child_env as testbed_env  # noqa: E402
 from hvd_elastic.testbed import start_dev_agent  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
-CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
 SERVICE = "horovod"
 ARGS = ["--host-name", "service-address"]
 # Direct calls get room to answer: at 10,000 instances on a loaded machine a fresh answer takes longer

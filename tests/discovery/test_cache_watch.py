@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cache_testing import (
+from hvd_elastic.testbed.hostcache import (
     CountingProxy,
     StandInJob,
     cache_files,

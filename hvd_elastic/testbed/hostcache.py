@@ -1,4 +1,4 @@
-"""Helpers of the host-cache tests and benchmarks: a stand-in horovodrun, a counting proxy, cache files.
+"""Discovery's host cache under test (tests/discovery and the discovery benchmarks): a stand-in horovodrun, a counting proxy, cache files.
 
 * :class:`StandInJob` is a process that runs discovery calls the way
   horovodrun does (each in a new session, so the call's job is this process);
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from hvd_elastic.discovery import cache
-from hvd_elastic.testbed.env import CONSUL_HOSTS, HVD_ELASTIC
+from .env import CONSUL_HOSTS, HVD_ELASTIC
 
 _JOB = r"""
 import json, subprocess, sys
