@@ -121,8 +121,8 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
 fi
 
 # 5. The project and its Python dependencies (mpi4py compiles against Open MPI).
-say "installing hvd-elastic (editable) with test extras"
-run project "${PIP[@]}" install -q -e "$REPO[test]"
+say "installing hvd-elastic (editable) with test and demo extras"
+run project "${PIP[@]}" install -q -e "$REPO[test,demo]"
 
 # 6. Verify before declaring the environment ready.
 run check-build "$VENV/bin/horovodrun" --check-build

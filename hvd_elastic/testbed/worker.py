@@ -119,10 +119,11 @@ class Evidence:
     def batch(self, key: list, indices) -> None:
         self._ledger.write(json.dumps({"key": key, "rank": hvd.rank(), "idx": [int(i) for i in indices]}) + "\n")
 
-    def committed(self, step: int, epoch: int) -> None:
+    def committed(self, step: int, epoch: int, **fields) -> None:
+        """Rank 0's progress row for a committed step; ``fields`` (a loss) are added to it."""
         if hvd.rank() == 0:
             line = json.dumps({"time": time.time(), "step": step, "size": hvd.size(), "epoch": epoch,
-                               "host": self.host})
+                               "host": self.host, **fields})
             # O_APPEND writes of one short line are atomic, whichever process is rank 0 now.
             with open(os.path.join(self.out, "progress.jsonl"), "a") as f:
                 f.write(line + "\n")
@@ -156,11 +157,17 @@ def main(argv: list[str] | None = None) -> None:
     else:
         train, state, sampler = _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence)
     train(state)
-    write_atomic(os.path.join(args.out, f"final-{hvd.rank()}.json"), {
+    write_final(args.out, model, optimizer, scheduler, state, args.samples)
+
+
+def write_final(out: str, model, optimizer, scheduler, state, samples: int) -> None:
+    """``final-<rank>.json``, what :func:`hvd_elastic.testbed.ledger.verdict` reads: checksums, scheduler,
+    (rank 0) the committed ``history`` of step keys, the epochs trained and the data set's size."""
+    write_atomic(os.path.join(out, f"final-{hvd.rank()}.json"), {
         "rank": hvd.rank(), "size": hvd.size(), "checksum": checksum(model, optimizer),
         "scheduler": scheduler.state_dict(), "lr": optimizer.param_groups[0]["lr"],
         "history": getattr(state, "history", None) if hvd.rank() == 0 else None,
-        "epochs": state.epoch, "samples": args.samples,
+        "epochs": state.epoch, "samples": samples,
     })
 
 
