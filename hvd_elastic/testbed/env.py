@@ -7,14 +7,17 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The checkout this package lives in (examples/, discovery/ and tests/ are found from here).
+#: The checkout this package lives in (examples/, discovery/ and tests/ are found from here);
+#: for an installed package, the site-packages folder (which has no discovery/).
 REPO = Path(__file__).resolve().parents[2]
 #: The virtual environment's bin folder: horovodrun, hvd-elastic and python come from here.
 VENV_BIN = Path(sys.executable).parent
 #: The project's command (node agent, drain, status, consul-dev, ...).
 HVD_ELASTIC = VENV_BIN / "hvd-elastic"
-#: What ``horovodrun --host-discovery-script`` runs to ask Consul for hosts.
-CONSUL_HOSTS = REPO / "discovery" / "consul_hosts"
+#: What ``horovodrun --host-discovery-script`` runs to ask Consul for hosts: the checkout's
+#: script, or (an installed package, no checkout) the copy installed next to hvd-elastic.
+CONSUL_HOSTS = next((p for p in (REPO / "discovery" / "consul_hosts", VENV_BIN / "consul_hosts") if p.exists()),
+                    REPO / "discovery" / "consul_hosts")
 #: Open MPI refuses to start as root unless told to; CI runs as root.
 MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 

@@ -1,0 +1,103 @@
+"""The built wheel works outside a checkout: the demo, report and the discovery script from an installed copy.
+
+The wheel is installed into a throw-away virtual environment with ``--no-deps``;
+torch, scikit-learn and the rest come from the project's environment through a
+``.pth`` line (its site-packages, without its editable hook, so the installed
+hvd_elastic is the one imported).  Horovod's cached wheel (what
+scripts/bootstrap.sh built) is installed too, for its ``horovodrun``.  Every
+command runs in a folder outside the checkout with no PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from hvd_elastic.testbed import REPO, Job, child_env, start_dev_agent
+from hvd_elastic.testbed.consul import register
+
+WHEEL_CACHE = Path(os.environ.get("HVD_ELASTIC_WHEEL_CACHE", Path.home() / ".cache" / "hvd-elastic" / "wheels"))
+
+
+def run(cmd: list, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The bin folder of a fresh venv holding the built wheel (and Horovod's), outside the checkout."""
+    horovod = sorted(glob.glob(str(WHEEL_CACHE / "*" / "horovod-*.whl")))
+    if not horovod:
+        pytest.skip(f"no cached Horovod wheel under {WHEEL_CACHE} (scripts/bootstrap.sh builds it)")
+    tmp = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    built = run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", REPO], timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp / "dist").glob("hvd_elastic-*.whl")
+    venv = tmp / "venv"
+    made = run([sys.executable, "-m", "venv", "--without-pip", venv], timeout=120)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], timeout=60).stdout.strip()
+    Path(purelib, "project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # --ignore-installed: Horovod is importable through the .pth already, but its horovodrun must land in this bin.
+    got = run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel, horovod[-1]],
+              timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    return venv / "bin"
+
+
+def outside_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return dict(env, **extra)
+
+
+@pytest.mark.slow
+def test_installed_copy_is_the_one_imported_and_has_every_command(installed, tmp_path):
+    out = run([installed / "python", "-c", "import hvd_elastic.demo.train, hvd_elastic; print(hvd_elastic.__file__)"],
+              timeout=120, cwd=tmp_path, env=outside_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(installed.parent)), out.stdout
+    for command in (["hvd-elastic", "demo", "--help"], ["hvd-elastic", "report", "--help"], ["consul_hosts", "--help"]):
+        out = run([installed / command[0], *command[1:]], timeout=120, cwd=tmp_path, env=outside_env())
+        assert out.returncode == 0, (command, out.stderr)
+        assert out.stdout.startswith("usage:")
+
+
+@pytest.mark.slow
+def test_installed_discovery_script_prints_healthy_hosts(installed, tmp_path):
+    agent, addrs = start_dev_agent(["gpu-a", "gpu-b"], env=child_env(), logdir=tmp_path)
+    with agent:
+        register(addrs["gpu-a"], slots="4")
+        register(addrs["gpu-b"], slots="2", status="critical")
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        out = run([installed / "consul_hosts"], timeout=60, cwd=tmp_path, start_new_session=True,
+                  env=outside_env(CONSUL_HTTP_ADDR=addrs["gpu-a"], HVD_ELASTIC_DISCOVERY_STATE_DIR=str(state)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["gpu-a:4"]
+
+
+@pytest.mark.slow
+def test_installed_demo_smallest_setting_and_report(installed, tmp_path):
+    work = tmp_path / "run"
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    # A Job, so the demo and everything it starts die with the test on any outcome.
+    with Job([installed / "hvd-elastic", "demo", "--workdir", work, "--events", "drain", "--epochs", "1",
+              "--phase-steps", "4", "--timeout", "150"], env=outside_env(HVD_ELASTIC_DISCOVERY_STATE_DIR=str(state)),
+             logdir=tmp_path, cwd=tmp_path, name="installed-demo") as demo:
+        demo.start()
+        demo.finish(timeout=480)
+        output = demo.read_log()
+    assert "demo OK" in output and "exactly-once: OK" in output
+    assert "drain 127.0.0.1" in output
+    out = run([installed / "hvd-elastic", "report", work], timeout=180, cwd=tmp_path, env=outside_env())
+    assert out.returncode == 0, out.stderr
+    assert "1 membership change," in out.stdout and (work / "report.png").stat().st_size > 10_000
