@@ -25,7 +25,9 @@ partition   the host's link goes down                    the same
 =========== ============================================ ==============================
 
 Reported per event and mode: median (p10-p90) seconds over ``--rounds``, the
-paired ratio hvd-elastic / horovod, the steps rolled back, and for hvd-elastic
+paired ratio hvd-elastic / horovod, the steps rolled back, for a join also the
+time from the joiner's registration in Consul (its node agent's start-up is the
+host booting, which a host-file edit skips), and for hvd-elastic
 a per-phase breakdown read from the event log (detection, interrupt,
 re-initialisation = rendezvous with any new worker, sync, first step) and the
 joining worker's own start-up.  Writes ``benchmarks/results/recovery.json``.
@@ -45,6 +47,8 @@ from pathlib import Path
 
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
+from hvd_elastic.testbed import wait_until
+from hvd_elastic.testbed.consul import consul_request
 from hvd_elastic.testbed.multihost import ElasticCluster
 from hvd_elastic.testbed.netns import unavailable_reason
 from hvd_elastic.training.events import EventLog
@@ -100,12 +104,24 @@ class Round:
             c.bed.crash(victim)
         elif event == "partition":
             c.bed.partition(victim)
+        # When the joiner became visible: a host-file line at once, a node agent once it has registered
+        # (its own start-up is the host booting, not the job recovering).
+        registered = self._registered(JOINER) if event == "join" and consul else t0
         first = c.wait_steps(self.job, size=new, since=t0, timeout=WAIT)
-        sample = {"seconds": first["time"] - t0, "rolled_back": self._rolled_back(t0, first), "host": victim}
+        sample = {"seconds": first["time"] - t0, "rolled_back": self._rolled_back(t0, first), "host": victim,
+                  "from_registration": first["time"] - registered}
         if consul:
             sample["phases"] = self._phases(t0, first, joined=event == "join")
         self._undo(event, victim, old)
         return sample
+
+    def _registered(self, host: str) -> float:
+        """Poll the launcher's Consul agent until ``host``'s instance passes; the time it was first seen."""
+        def passing():
+            code, entries = consul_request(self.cluster.consul_addr(), "GET", "/v1/health/service/horovod?passing")
+            return code == 200 and any(e["Node"]["Node"] == host for e in entries)
+        wait_until(f"{host} registered and passing", passing, timeout=WAIT, interval=0.02)
+        return time.time()
 
     def _undo(self, event: str, victim: str, size: int) -> None:
         c, consul = self.cluster, self.mode == "hvd-elastic"
@@ -141,6 +157,7 @@ class Round:
         if joined:
             worker = max(self.cluster.workers(self.job), key=lambda w: w["process_start"])
             phases["joiner: start-up"] = worker["imported"] - worker["process_start"]
+            phases["joiner: hvd.init"] = worker["initialised"] - worker["imported"]
             phases["joiner: start after event"] = worker["process_start"] - t0
         return phases
 
@@ -196,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(Row(f"{event}: horovod + host file", spread(base)))
             rows.append(Row(f"{event}: hvd-elastic", spread(ours), baseline=f"horovod + host file, {event}",
                             ratio=paired_ratio(ours, base)))
+            if event == "join":
+                registered = [s["from_registration"] for s in samples[event]["hvd-elastic"]]
+                rows.append(Row("join from registration: hvd-elastic", spread(registered),
+                                baseline="horovod + host file, join", ratio=paired_ratio(registered, base)))
         else:
             rows.append(Row(f"{event}: hvd-elastic (no baseline)", spread(ours)))
     report["rows"] = rows
