@@ -9,9 +9,9 @@ Launch it with horovodrun's elastic mode and Consul discovery::
 It trains a small regression MLP on a synthetic, deterministic dataset. Hosts
 may join or leave at any time (drain a node with ``hvd-elastic drain``), and a
 killed job restarted with the same ``--workdir`` resumes from its last durable
-checkpoint. Rank 0 appends one ``{"epoch", "step", "size", "loss"}`` line per
-committed step to ``<workdir>/progress.jsonl``; ``<workdir>/events.jsonl`` holds
-the resets, syncs and checkpoint writes.
+checkpoint. Rank 0 appends one ``{"time", "epoch", "step", "size", "loss"}`` line
+per committed step to ``<workdir>/progress.jsonl``; ``<workdir>/events.jsonl`` holds
+the resets, syncs and checkpoint writes; ``hvd-elastic report <workdir>`` shows both.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                          named_parameters=model.named_parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    sampler = ExactlyOnceSampler(dataset, batch_size=args.global_batch, seed=1)
+    sampler = ExactlyOnceSampler(dataset, seed=1)  # no batch_size: the BatchPolicy below sets the batch
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
                           batch_policy=BatchPolicy.constant_global(args.global_batch), epoch=0, step=0)
@@ -99,7 +99,7 @@ def main() -> None:
                 state.commit()
                 if hvd.rank() == 0:
                     with open(progress_path, "a") as progress:
-                        progress.write(json.dumps({"epoch": state.epoch, "step": state.step,
+                        progress.write(json.dumps({"time": time.time(), "epoch": state.epoch, "step": state.step,
                                                    "size": hvd.size(), "loss": round(loss_avg, 6)}) + "\n")
             scheduler.step()
             state.epoch += 1

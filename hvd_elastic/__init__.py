@@ -2,23 +2,34 @@
 
 The training API is exported lazily, so command-line paths that never train
 (``hvd-elastic discover`` runs every second under horovodrun) do not import
-torch or horovod.
+torch or horovod.  The ``TYPE_CHECKING`` block names the same objects for type
+checkers and IDEs; keep it and ``_LAZY`` in step (a test checks they match).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "run": "hvd_elastic.training.runner",
+    "RunConfig": "hvd_elastic.training.runner",
     "TrainingState": "hvd_elastic.training.state",
     "ExactlyOnceSampler": "hvd_elastic.training.sampler",
     "BatchPolicy": "hvd_elastic.training.batching",
     "CheckpointManager": "hvd_elastic.training.checkpoint",
     "EventLog": "hvd_elastic.training.events",
 }
+
+if TYPE_CHECKING:
+    from hvd_elastic.training.batching import BatchPolicy
+    from hvd_elastic.training.checkpoint import CheckpointManager
+    from hvd_elastic.training.events import EventLog
+    from hvd_elastic.training.runner import RunConfig, run
+    from hvd_elastic.training.sampler import ExactlyOnceSampler
+    from hvd_elastic.training.state import TrainingState
 
 __all__ = ["__version__", *_LAZY]
 

@@ -26,10 +26,19 @@ Contracts:
 * A write error never raises into training.  It is logged, reported to the
   ``on_event`` callback as ``checkpoint_error``, the temporary file is removed
   and the existing checkpoints are kept.
+* A snapshot holding a value ``torch.load(weights_only=True)`` cannot read is
+  a write error naming the value and its type (see
+  :func:`hvd_elastic.training.snapshot.check_loadable`): nothing is written
+  that would only fail at resume.
 * :meth:`CheckpointManager.load_latest` returns the newest checkpoint whose
   manifest parses and whose payload matches its sha256; anything else is skipped
-  with a warning that names the file.  Payloads are loaded with
-  ``torch.load(weights_only=True)`` only, so a checkpoint can never run code.
+  with a warning that names the file.  When checkpoints exist and NONE loads it
+  raises :class:`UnreadableCheckpoints` listing each file and why, unless asked
+  for a fresh start.  Payloads are hashed while streamed from disk, then loaded
+  from the file (memory-mapped) with ``torch.load(weights_only=True)`` only, so
+  a checkpoint can never run code and resuming never holds it twice in RAM.
+  Files under final names are never rewritten (each write goes to a temporary
+  name and is renamed), so the bytes hashed are the bytes loaded.
 
 Fault injection: ``HVD_ELASTIC_CHECKPOINT_WRITE_DELAY`` (seconds, float) makes
 the writer sleep after the payload's bytes are in the temporary file and before
@@ -55,6 +64,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from hvd_elastic.training.events import describe_error
+from hvd_elastic.training.snapshot import check_loadable
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,7 @@ WRITE_DELAY_ENV = "HVD_ELASTIC_CHECKPOINT_WRITE_DELAY"
 _MANIFEST_RE = re.compile(r"^ckpt-(\d{8,})\.json$")
 _PAYLOAD_RE = re.compile(r"^ckpt-(\d{8,})-[0-9a-f]{8}\.pt$")
 _TEMP_PREFIX = ".tmp-"
+_HASH_CHUNK = 1 << 20
 
 EventCallback = Callable[[str, dict], None]
 
@@ -234,6 +245,7 @@ class CheckpointManager:
             if self._lock is not None:
                 with self._lock:
                     self._staging = snapshot = _stage(snapshot(), self._staging)
+            check_loadable(snapshot, "snapshot")
             if self._describe is not None:
                 meta = {**meta, **self._describe(snapshot)}
             seq = self._next_sequence()
@@ -327,18 +339,25 @@ class CheckpointManager:
         """Manifest paths present in the directory, newest first (not validated)."""
         return [path for _, path in self._manifests()]
 
-    def load_latest(self) -> Checkpoint | None:
-        """The newest valid checkpoint, or None if there is none.
+    def load_latest(self, *, fresh_start_if_unreadable: bool = False) -> Checkpoint | None:
+        """The newest valid checkpoint, or None if the directory holds none.
 
         Invalid ones (unreadable manifest, missing payload, checksum mismatch, a
         payload ``weights_only`` refuses) are skipped with a warning naming the file.
+        When there are checkpoints and none is valid, raises
+        :class:`UnreadableCheckpoints` (one line: each file and why), unless
+        ``fresh_start_if_unreadable`` (then None: training starts from scratch).
         """
+        refused: list[_Invalid] = []
         for _, manifest_path in self._manifests():
             try:
                 return self._load(manifest_path)
             except _Invalid as exc:
+                refused.append(exc)
                 log.warning("skipping checkpoint %s: %s", exc.path, exc.reason)
                 self._emit("checkpoint_skipped", {"path": str(exc.path), "reason": exc.reason})
+        if refused and not fresh_start_if_unreadable:
+            raise UnreadableCheckpoints(self.directory, refused)
         return None
 
     def _load(self, manifest_path: Path) -> Checkpoint:
@@ -356,17 +375,17 @@ class CheckpointManager:
             raise _Invalid(manifest_path, f"bad payload name {payload_name!r}")
         payload_path = self.directory / payload_name
         try:
-            data = payload_path.read_bytes()
+            digest, size = _sha256_of(payload_path)
         except OSError as exc:
             raise _Invalid(payload_path, f"unreadable payload ({exc.strerror or exc})") from None
-        # Hash and load the same bytes, so what is verified is what is loaded.
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != manifest.get("sha256") or len(data) != manifest.get("bytes"):
-            raise _Invalid(payload_path, f"checksum mismatch ({len(data)} bytes, sha256 {digest[:12]}..., "
+        if digest != manifest.get("sha256") or size != manifest.get("bytes"):
+            raise _Invalid(payload_path, f"checksum mismatch ({size} bytes, sha256 {digest[:12]}..., "
                                          f"manifest says {manifest.get('bytes')} bytes, "
                                          f"sha256 {str(manifest.get('sha256'))[:12]}...)")
         try:
-            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            # mmap: tensors are read from the page cache as they are copied into
+            # the live objects, never as a second in-memory copy of the file.
+            payload = torch.load(payload_path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # noqa: BLE001 -- weights_only refusals and corrupt zips alike
             raise _Invalid(payload_path, f"torch.load(weights_only=True) refused it: {describe_error(exc)}") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT or "snapshot" not in payload:
@@ -395,6 +414,19 @@ def check_policy(every_commits: int | None, every_seconds: float | None, keep_la
         raise ValueError(f"every_seconds must be a positive number of seconds or None, got {every_seconds!r}")
     if not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
+
+
+class UnreadableCheckpoints(RuntimeError):
+    """A checkpoint directory holds checkpoints and none of them loads."""
+
+    def __init__(self, directory: Path, refused: list["_Invalid"]) -> None:
+        reasons = "; ".join(f"{exc.path.name}: {exc.reason}" for exc in refused).replace("\n", " ")
+        super().__init__(
+            f"{directory} holds {len(refused)} checkpoint(s) and none loads ({reasons}): fix or remove them, "
+            f"or pass fresh_start_if_unreadable=True to start from step 0"
+        )
+        self.directory = directory
+        self.refused = refused
 
 
 class _Invalid(Exception):
@@ -438,6 +470,17 @@ def _stage(src: Any, prev: Any) -> Any:
         items = [_stage(v, p) for v, p in zip(src, prev_seq)]
         return items if isinstance(src, list) else tuple(items)
     return src  # immutable scalars and strings
+
+
+def _sha256_of(path: Path) -> tuple[str, int]:
+    """sha256 hex digest and size of a file, streamed through one reused buffer."""
+    hasher, size = hashlib.sha256(), 0
+    chunk = memoryview(bytearray(_HASH_CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(chunk):
+            hasher.update(chunk[:n])
+            size += n
+    return hasher.hexdigest(), size
 
 
 def _payload_name(manifest_path: Path) -> str | None:

@@ -73,6 +73,9 @@ class RunConfig:
         checkpoint_on_exit: write the last commit when the function returns.
         event_log: JSON-lines file rank 0 appends events to; None disables it.
         log_commits: also log every commit (one short line each).
+        fresh_start_if_unreadable: when ``checkpoint_dir`` holds checkpoints and
+            none of them loads, start from scratch instead of stopping with
+            :class:`~hvd_elastic.training.checkpoint.UnreadableCheckpoints`.
     """
 
     checkpoint_dir: str | os.PathLike | None = None
@@ -82,6 +85,7 @@ class RunConfig:
     checkpoint_on_exit: bool = True
     event_log: str | os.PathLike | None = None
     log_commits: bool = True
+    fresh_start_if_unreadable: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
@@ -209,7 +213,7 @@ class _Session:
         if self.checkpoints is None or self._rank != 0:
             return
         self.checkpoints.remove_stale()
-        ckpt = self.checkpoints.load_latest()
+        ckpt = self.checkpoints.load_latest(fresh_start_if_unreadable=self.config.fresh_start_if_unreadable)
         if ckpt is None:
             return
         self.state.load_snapshot(ckpt.snapshot)

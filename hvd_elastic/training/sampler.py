@@ -19,7 +19,11 @@ calls :meth:`set_world` from ``on_reset`` (the gap of Horovod issue #3399).
 
 Only completed steps count: iterating (and a DataLoader's prefetching, with
 any ``num_workers``) never moves the position; the training loop calls
-:meth:`record_batch` once per completed step, before ``state.commit()``.
+:meth:`record_batch` once per completed step, before ``state.commit()``
+(``state.commit_step()`` does both).  Forgetting a piece is an error, not a
+silent replay: two commits in a row that see batches drawn but no step
+recorded raise (see :class:`~hvd_elastic.training.components.SamplerAdapter`),
+and so does a second pass over an exhausted epoch without :meth:`set_epoch`.
 
 torchdata's ``StatefulDataLoader`` works too: the sampler's iterators are
 stateful, so ``loader.state_dict()`` holds the position after the batches
@@ -59,9 +63,11 @@ class ExactlyOnceSampler(Sampler[list[int]]):
 
     Args:
         data_source: the dataset (anything with ``len``) or its length.
-        batch_size: samples per rank per step, used while no
-            :class:`~hvd_elastic.training.batching.BatchPolicy` sets the
-            step size (a step then takes ``batch_size * world_size`` samples).
+        batch_size: samples per rank per step (a step then takes
+            ``batch_size * world_size`` samples).  Leave it out when a
+            :class:`~hvd_elastic.training.batching.BatchPolicy` is given to
+            :class:`TrainingState`: the policy then sets the step size, and
+            a ``batch_size`` given anyway is ignored.
         shuffle: permute each epoch (seeded by ``seed + epoch``) or walk in order.
         seed: the shuffling seed; must be the same on every rank.
         rank, world_size: initial position in the world; :class:`TrainingState`
@@ -72,7 +78,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     def __init__(
         self,
         data_source: Sized | int,
-        batch_size: int,
+        batch_size: int | None = None,
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -82,10 +88,10 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         num_samples = data_source if isinstance(data_source, int) else len(data_source)
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
         self.num_samples = int(num_samples)
-        self.batch_size = int(batch_size)
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.epoch = 0
@@ -95,6 +101,10 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self._step_samples: int | None = None
         self.set_world(rank, world_size)
         self._order_cache: tuple[int, torch.Tensor] | None = None
+        #: batches handed out by this sampler's iterators, ever (drawn, not completed)
+        self.batches_drawn = 0
+        # passes begun over an exhausted epoch since the last set_epoch/load_state_dict
+        self._exhausted_passes = 0
 
     # -- world ---------------------------------------------------------------------------
 
@@ -116,7 +126,12 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     @property
     def step_samples(self) -> int:
         """Samples per global step in the current world."""
-        return self._step_samples if self._step_samples is not None else self.batch_size * self.world_size
+        if self._step_samples is not None:
+            return self._step_samples
+        if self.batch_size is None:
+            raise ValueError("ExactlyOnceSampler has no batch_size and no BatchPolicy set its step: pass "
+                             "batch_size= (per rank) or give TrainingState a batch_policy=")
+        return self.batch_size * self.world_size
 
     # -- epoch and position --------------------------------------------------------------
 
@@ -127,6 +142,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         ``for state.epoch in range(state.epoch, epochs): sampler.set_epoch(state.epoch)``
         resumes mid-epoch after a reset or a restart from a checkpoint.
         """
+        self._exhausted_passes = 0
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self.offset = 0
@@ -149,8 +165,21 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         """Samples taken by the global step starting at ``offset`` (0 at the end of the epoch)."""
         return _step_size(self.num_samples, offset, self.step_samples, self.world_size)
 
-    def record_batch(self, steps: int = 1) -> None:
-        """Mark ``steps`` global steps as completed (call once per step, on every rank)."""
+    def record_batch(self, steps: int = 1, batch_size: int | None = None, *, batch_idx: int | None = None) -> None:
+        """Mark ``steps`` global steps as completed (call once per step, on every rank).
+
+        Not Horovod's ``ElasticSampler.record_batch(batch_idx, batch_size)``,
+        which counts samples: that call (a ``batch_size`` or ``batch_idx``) is
+        refused with a TypeError instead of being read as a number of steps.
+        """
+        if batch_size is not None or batch_idx is not None:
+            raise TypeError(
+                f"ExactlyOnceSampler.record_batch(steps) counts completed global steps, but got "
+                f"batch_idx={steps if batch_idx is None else batch_idx}, batch_size={batch_size} as for "
+                f"Horovod's ElasticSampler.record_batch(batch_idx, batch_size): call record_batch() once per step"
+            )
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"record_batch(steps): steps must be a positive integer, got {steps!r}")
         for _ in range(steps):
             size = self.step_size_at(self.offset)
             if size == 0:
@@ -172,6 +201,15 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> "_Batches":
+        if self.remaining == 0:
+            # One empty pass is normal (a reset right at the end of an epoch);
+            # a second one means the loop never calls set_epoch().
+            self._exhausted_passes += 1
+            if self._exhausted_passes > 1:
+                raise RuntimeError(
+                    f"ExactlyOnceSampler: epoch {self.epoch} is exhausted ({self.num_samples} samples recorded) "
+                    f"and iterated again: call sampler.set_epoch(epoch) at the start of every epoch"
+                )
         # The partition is fixed NOW (not at the first next()): prefetching
         # DataLoaders create the iterator and then race ahead of record_batch.
         return _Batches(self)
@@ -222,6 +260,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.offset = offset
         self._order_cache = None
+        self._exhausted_passes = 0
 
 
 class _Batches:
@@ -250,6 +289,7 @@ class _Batches:
             raise StopIteration
         batch = self.order[self.offset + self.rank : self.offset + size : self.world].tolist()
         self.offset += size
+        self.sampler.batches_drawn += 1
         return batch
 
     def state_dict(self) -> dict[str, Any]:

@@ -31,8 +31,7 @@ Usage::
             sampler.set_epoch(state.epoch)
             for batch in loader:          # a new iterator after every reset
                 step(batch)               # batch is None: idle step (see sampler.py)
-                sampler.record_batch()    # this step is done on every rank
-                state.commit()
+                state.commit_step()       # record_batch() + step += 1 + commit()
 
 Semantics follow Horovod's: ``commit() = save() + check_host_updates()``;
 ``restore()`` returns the live objects to the last commit; ``sync()`` makes
@@ -90,12 +89,18 @@ class TrainingState(State):
             called on it after every sync and reset when it has one).
         batch_policy: a :class:`BatchPolicy`; ``None`` keeps batch and LR as they are.
         rng: commit/restore/sync torch (CPU and CUDA), NumPy and Python RNG
-            states.  After a sync every rank continues rank 0's streams.
+            states.  Restores are exact; after a sync rank 0 keeps its streams
+            and every other rank continues streams of its own, derived from
+            rank 0's committed state and its rank (deterministic).
         bucket_bytes: size of the broadcast buckets of :meth:`sync`.
         **values: user values (epoch, step, metrics...), exposed as attributes
             and committed with the rest.  Keep them to tensors, numbers,
             strings, lists, tuples and dicts so snapshots stay loadable with
-            ``weights_only=True``.
+            ``weights_only=True`` (a checkpoint write refuses anything else,
+            naming it).  A value with ``state_dict``/``load_state_dict`` (a
+            second scheduler, an EMA, a custom sampler) is not a value: it is
+            registered as a component under its name (see :meth:`register`)
+            and stays the same live object across restores.
     """
 
     def __init__(
@@ -114,7 +119,8 @@ class TrainingState(State):
             if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
                 raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
-        object.__setattr__(self, "_values", dict(values))
+        objects = {name: v for name, v in values.items() if _is_stateful(v)}
+        object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
         self.model = model
         self.optimizer = optimizer
@@ -136,7 +142,9 @@ class TrainingState(State):
         self._clean_versions: tuple | None = None
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
-        self._policy = {"lr_factor": 1.0, "base_world_size": _world()[1]}
+        # The base is recorded by the first _apply_world that sees Horovod
+        # initialised, so a state built before hvd.init() does not take 1.
+        self._policy = {"lr_factor": 1.0, "base_world_size": None}
 
         if model is not None:
             self.register("model", model)
@@ -150,6 +158,9 @@ class TrainingState(State):
             self.register("sampler", sampler)
         if rng:
             self.register("rng", RNGState())
+        for name, obj in objects.items():
+            object.__setattr__(self, name, obj)
+            self.register(name, obj)
         self._apply_world()
         self._save()
 
@@ -206,8 +217,19 @@ class TrainingState(State):
 
     # -- Horovod State interface -----------------------------------------------------------
 
+    def commit_step(self) -> None:
+        """End one training step: ``sampler.record_batch()``, ``step += 1`` (when there is
+        a ``step`` value), then :meth:`commit`.  The one call a per-step loop needs."""
+        if self.sampler is not None:
+            self.sampler.record_batch()
+        if "step" in self._values:
+            self._values["step"] += 1
+        self.commit()
+
     def commit(self) -> None:
         """Save everything to host memory, then raise ``HostsUpdatedInterrupt`` if hosts changed."""
+        for component in self._components.values():
+            component.before_commit()
         seconds, nbytes = self._save(clean=True)
         self.commit_count += 1
         self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
@@ -284,6 +306,8 @@ class TrainingState(State):
                 wire = time.perf_counter() - wire
                 self._meta = meta
             self._load(buffer.as_dict(), meta, done=done)
+        for component in self._components.values():
+            component.after_sync(rank)
         self._mark_clean()
         self._apply_world()
         # broadcast_seconds: the bucket broadcasts, with the copies overlapping them
@@ -359,7 +383,11 @@ class TrainingState(State):
             set_world(rank, size, policy.step_samples(size) if policy is not None else None)
         if policy is None:
             return
-        factor = policy.lr_factor(size, self._policy["base_world_size"])
+        if self._policy["base_world_size"] is None and hvd.is_initialized():
+            self._policy["base_world_size"] = size
+        # No world yet (built before hvd.init()): the LR is scaled once there is one.
+        base = self._policy["base_world_size"]
+        factor = self._policy["lr_factor"] if base is None else policy.lr_factor(size, base)
         applied = self._policy["lr_factor"]
         if self.optimizer is not None and factor != applied:
             _scale_lr(self.optimizer, self.schedulers, factor / applied)
@@ -498,6 +526,12 @@ class _Component:
 
     def load(self, tensors: dict[str, torch.Tensor], meta: Any, done: frozenset[str] = frozenset()) -> None:
         raise NotImplementedError
+
+    def before_commit(self) -> None:
+        """Raise when the live object is in a state that must not be committed."""
+
+    def after_sync(self, rank: int) -> None:
+        """Called on every rank once a sync has loaded rank 0's state."""
 
 
 class _ModuleComponent(_Component):
@@ -644,12 +678,62 @@ class _StatefulComponent(_Component):
         self.obj.load_state_dict(_tree_copy(meta))
 
 
+class _SamplerComponent(_StatefulComponent):
+    """An ExactlyOnceSampler: refuses a commit loop that forgot ``record_batch()``."""
+
+    def __init__(self, obj: Any):
+        super().__init__(obj)
+        self._seen()
+
+    def _seen(self) -> None:
+        self._position = (self.obj.epoch, self.obj.offset)
+        self._drawn = self.obj.batches_drawn
+        self._stalls = 0
+
+    def before_commit(self) -> None:
+        # Batches drawn but the position unchanged since the last commit: a
+        # commit at the top of the loop does that once; twice in a row means
+        # no step is ever recorded, and every reset would replay the epoch.
+        s = self.obj
+        stalled = (s.epoch, s.offset) == self._position and s.batches_drawn > self._drawn
+        self._stalls = self._stalls + 1 if stalled else 0
+        if self._stalls >= 2:
+            raise RuntimeError(
+                f"ExactlyOnceSampler: {self._stalls} commits in a row saw batches drawn but no step recorded "
+                f"(epoch {s.epoch}, offset {s.offset}): call sampler.record_batch() once per completed step "
+                f"before state.commit(), or end each step with state.commit_step()"
+            )
+        self._position, self._drawn = (s.epoch, s.offset), s.batches_drawn
+
+    def load(self, tensors, meta, done=frozenset()):
+        super().load(tensors, meta, done)
+        self._seen()
+
+
+class _RNGComponent(_StatefulComponent):
+    """RNG states: after a sync, each rank but 0 continues a stream of its own."""
+
+    def after_sync(self, rank: int) -> None:
+        if rank != 0:
+            self.obj.fork(rank)
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def _component_for(obj: Any) -> _Component:
+    from hvd_elastic.training.sampler import ExactlyOnceSampler
+
     if isinstance(obj, torch.nn.Module):
         return _ModuleComponent(obj)
     if isinstance(obj, torch.optim.Optimizer):
         return _OptimizerComponent(obj)
-    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+    if isinstance(obj, ExactlyOnceSampler):
+        return _SamplerComponent(obj)
+    if isinstance(obj, RNGState):
+        return _RNGComponent(obj)
+    if _is_stateful(obj):
         return _StatefulComponent(obj)
     raise TypeError(f"cannot commit {type(obj).__name__}: it needs state_dict() and load_state_dict()")
 
