@@ -18,6 +18,10 @@ the killed rank's host rejoin, so one job per configuration runs every round:
    rank 0's event log (both ``time.time()`` on this machine), and count the
    killed rank's children still alive at that moment.
 
+A round whose kill ends the job (seen without the fix: the survivor's new
+rendezvous waited for the dead rank and Gloo aborted it) is counted as failed and
+the remaining rounds run in a new job, at most ``MAX_JOBS`` per configuration.
+
 Rounds alternate after, before, after, ...: the switch is read by each training
 process, and a round's figure depends on the killed process (its children hold
 or release its connections), so the benchmark writes the switch for the process
@@ -42,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from hvd_elastic.testbed import REPO, Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.testbed import REPO, Job, JobError, JsonLines, child_env, horovodrun_elastic, host_file_discovery
 
 sys.path.insert(0, str(REPO / "tests" / "training_run"))  # the tests' worker and process check
 from forksafe_helpers import is_alive  # noqa: E402
@@ -53,6 +57,7 @@ CONFIGS = {"0": "w0", "2": "w2", "2 + persistent_workers": "w2p"}
 MODES = ("after", "before")  # round i runs MODES[i % 2]
 TARGET_SECONDS = 0.5
 TARGET_RATIO = 2.0
+MAX_JOBS = 3  # per configuration: a round that ends its job is followed by a new job
 
 
 @dataclasses.dataclass
@@ -88,10 +93,25 @@ def first_after(events: JsonLines, event: str, since: float, size: int | None = 
 
 
 def run_config(label: str, loader: str, rounds: int, steps: int, workdir: Path) -> list[dict]:
-    """One job, ``2 * rounds`` kills; one record per round."""
-    out = workdir / loader
-    out.mkdir()
-    (out / "fork_safety").write_text("1")  # the first two processes: round 0 is "after"
+    """``2 * rounds`` kills of one configuration; one record per round.
+
+    A round that ends the job (Horovod can abort the survivor, see :func:`run_job`)
+    is recorded as failed and the next rounds run in a new job, at most
+    ``MAX_JOBS`` jobs per configuration.
+    """
+    records: list[dict] = []
+    for attempt in range(MAX_JOBS):
+        if len(records) >= 2 * rounds:
+            break
+        records += run_job(label, loader, range(len(records), 2 * rounds), steps, workdir / f"{loader}.{attempt}")
+    return records
+
+
+def run_job(label: str, loader: str, round_numbers: range, steps: int, out: Path) -> list[dict]:
+    """One job running ``round_numbers``; stops early, with a failed record, if a round ends it."""
+    out.mkdir(parents=True)
+    # The first two processes run the first round's setting; each kill sets the next joiner's.
+    (out / "fork_safety").write_text("1" if MODES[round_numbers[0] % 2] == "after" else "0")
     discovery = host_file_discovery(out / "hosts", "localhost:1\n127.0.0.1:1\n")
     cmd = horovodrun_elastic(discovery, 2, 1, 2, "--blacklist-cooldown-range", "1", "1", sys.executable, WORKER)
     env = child_env(OUT=str(out), LOADERS=loader, EPOCHS="1000000", SAMPLES="4096", LEDGER="0", STEP_SLEEP="0.02")
@@ -100,18 +120,28 @@ def run_config(label: str, loader: str, rounds: int, steps: int, workdir: Path) 
     records = []
     with Job(cmd, env=env, logdir=out, name="horovodrun") as job:
         job.start()
-        for i in range(2 * rounds):
-            victim = job.wait_until(f"{label}, round {i}: rank 1 training in a world of 2",
-                                    lambda: find_victim(out, events, killed, steps), timeout=240)
-            (out / "fork_safety").write_text("1" if MODES[(i + 1) % 2] == "after" else "0")  # the next joiner's
+        for i in round_numbers:
+            try:
+                victim = job.wait_until(f"{label}, round {i}: rank 1 training in a world of 2",
+                                        lambda: find_victim(out, events, killed, steps), timeout=240)
+            except JobError as exc:  # the round never started: the next job runs it
+                print(f"  {label:>24} round {i:2d} job lost before the kill: {str(exc).splitlines()[0]}", flush=True)
+                break
+            (out / "fork_safety").write_text("1" if MODES[(i + 1) % 2] == "after" else "0")
+            mode = "after" if victim.fork_safety else "before"
             children = psutil.Process(victim.pid).children(recursive=True)
             killed.add(victim.pid)
             killed_at = time.time()
             os.kill(victim.pid, signal.SIGKILL)
-            first = job.wait_until(f"{label}, round {i}: the survivor's first commit in a world of 1",
-                                   lambda: first_after(events, "commit", killed_at, size=1), timeout=120)
+            try:
+                first = job.wait_until(f"{label}, round {i}: the survivor's first commit in a world of 1",
+                                       lambda: first_after(events, "commit", killed_at, size=1), timeout=60)
+            except JobError as exc:
+                records.append({"round": i, "mode": mode, "seconds": None, "failed": str(exc).splitlines()[0],
+                                "log_tail": job.log_tail(1500)})
+                print(f"  {label:>24} round {i:2d} {mode:6s} FAILED: {records[-1]['failed']}", flush=True)
+                break
             alive = sum(1 for c in children if is_alive(c))
-            mode = "after" if victim.fork_safety else "before"
             # Where the time went: the failed collective (rank 0 restores), the new world (sync).
             restored, synced = first_after(events, "restore", killed_at), first_after(events, "sync", killed_at, 1)
             records.append({"round": i, "mode": mode, "seconds": first["time"] - killed_at,
@@ -135,9 +165,11 @@ def summarize(results: dict[str, list[dict]]) -> dict:
     for label, records in results.items():
         summary[label] = {}
         for mode in MODES:
-            xs = [r["seconds"] for r in records if r["mode"] == mode]
+            xs = [r["seconds"] for r in records if r["mode"] == mode and r["seconds"] is not None]
+            failed = sum(1 for r in records if r["mode"] == mode and r["seconds"] is None)
             summary[label][mode] = ({"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
                                     if xs else {"n": 0})
+            summary[label][mode]["failed"] = failed
     baseline = summary["0"]["after"]
     for label, cell in summary.items():
         after, before = cell["after"], cell["before"]
@@ -152,7 +184,8 @@ def summarize(results: dict[str, list[dict]]) -> dict:
 
 def markdown(summary: dict) -> str:
     def cell(c: dict) -> str:
-        return f"{c['median']:.3f} s ({c['min']:.3f}-{c['max']:.3f}), n={c['n']}" if c["n"] else "no rounds"
+        text = f"{c['median']:.3f} s ({c['min']:.3f}-{c['max']:.3f}), n={c['n']}" if c["n"] else "no rounds"
+        return text + (f", {c['failed']} round(s) ended the job" if c["failed"] else "")
 
     base = summary["0"]["after"]
     base_text = f"{base['median']:.3f} s, n={base['n']}" if base["n"] else "none"

@@ -33,9 +33,6 @@ Stall: while ``$OUT/stall-<pid>`` exists, the DataLoader workers of process ``pi
 block in ``__getitem__`` (after writing ``$OUT/stalled-<their pid>``) until
 ``$OUT/release`` exists: workers stuck in I/O, which torch's watchdog never ends.
 Every wait is bounded by ``WAIT_LIMIT`` seconds.
-
-Horovod is imported inside :func:`main` only: ``spawn`` and ``forkserver`` workers
-re-import this file and need just the dataset.
 """
 
 import hashlib
@@ -47,8 +44,14 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import horovod.torch as hvd
+
+import hvd_elastic
+
+from hvd_elastic.testbed.worker import Indexed
 from hvd_elastic.training import forksafe
 from hvd_elastic.training.sampler import ExactlyOnceSampler
+from hvd_elastic.training.state import TrainingState
 
 OUT = os.environ["OUT"]
 LOADERS = os.environ.get("LOADERS", "w2").split(",")
@@ -92,22 +95,14 @@ def report_child(kind: str, loader: str | None) -> None:
                                                          "tcp": len(forksafe.tcp_socket_fds())})
 
 
-class Indexed(Dataset):
-    """Deterministic regression data that returns each sample's index; stalls on request (see above)."""
-
-    def __init__(self, n: int):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 8, generator=g)
-        self.y = self.x @ torch.arange(8.0) + 1.0
-
-    def __len__(self):
-        return len(self.x)
+class Stalling(Indexed):
+    """The test bed's data set (each sample with its index), stalling on request (see above)."""
 
     def __getitem__(self, i):
         if os.path.exists(out(f"stall-{os.getppid()}")):
             write_atomic(out(f"stalled-{os.getpid()}"), {})
             wait_for(out("release"))
-        return i, self.x[i], self.y[i]
+        return super().__getitem__(i)
 
 
 class WorkerInit:
@@ -159,11 +154,6 @@ def checksum(model: torch.nn.Module) -> str:
 
 
 def main() -> None:
-    import horovod.torch as hvd
-
-    import hvd_elastic
-    from hvd_elastic.training.state import TrainingState
-
     if os.path.exists(out("fork_safety")):
         with open(out("fork_safety")) as f:
             os.environ[forksafe.ENV] = f.read().strip()
@@ -172,7 +162,7 @@ def main() -> None:
         os.makedirs(out(folder), exist_ok=True)
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    dataset = Indexed(SAMPLES)
+    dataset = Stalling(SAMPLES, features=8)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                          named_parameters=model.named_parameters())
