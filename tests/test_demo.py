@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -13,7 +14,9 @@ import pytest
 
 from hvd_elastic.demo import schedule
 from hvd_elastic.demo.digits import TEST_SAMPLES
+from hvd_elastic.demo.live import Console
 from hvd_elastic.report.plot import SIZE_PX
+from hvd_elastic.testbed import JsonLines
 from hvd_elastic.testbed.ledger import verdict
 from hvd_elastic.training.events import EventLog
 
@@ -153,3 +156,31 @@ def test_plan_picks_hosts_and_sizes():
     # A host whose worker was killed stays out until the relaunch.
     with pytest.raises(schedule.ScheduleError, match="spare is blacklisted, drain needs a host that is up"):
         schedule.plan(schedule.parse("add,kill-worker,drain:spare"), ["localhost", "127.0.0.1"], ["spare"])
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_status_line_on_a_terminal_only(tmp_path):
+    progress = tmp_path / "progress.jsonl"
+    progress.write_text(json.dumps({"time": 1.0, "step": 3, "size": 2, "epoch": 0, "loss": 1.5}) + "\n")
+    for tty in (True, False):
+        stream = _Stream(tty)
+        console = Console(JsonLines(progress), stream)
+        console.refresh()
+        console.refresh()  # unchanged: not drawn again
+        console.say("drained", event="drain 127.0.0.1")
+        console.refresh()
+        lines = stream.getvalue()
+        if tty:
+            assert lines.count("\r\x1b[K  step    3  epoch 0  world size 2  loss 1.5000  last event: -") == 1
+            assert lines.endswith("last event: drain 127.0.0.1")
+            assert "\r\x1b[K[demo " in lines  # the event line first clears the status line
+        else:
+            assert "\r" not in lines and lines.strip().endswith("drained") and lines.count("\n") == 1

@@ -20,7 +20,7 @@ class Console:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
         self.last_event = "-"
-        self._shown = False
+        self._shown = ""  # the status line on screen now ("" when none)
 
     def say(self, message: str, event: str | None = None) -> None:
         """Print an event line (above the status line); ``event`` becomes the status line's last event."""
@@ -41,11 +41,13 @@ class Console:
         text = (f"  step {row['step']:>4}  epoch {row.get('epoch', '?')}  world size {row['size']}  "
                 f"loss {loss:.4f}  last event: {self.last_event}" if isinstance(loss, (int, float)) else
                 f"  step {row['step']:>4}  world size {row['size']}  last event: {self.last_event}")
+        if self._shown == text:
+            return  # nothing new: a terminal left alone while training waits on a reset
         self.stream.write("\r\033[K" + text)
         self.stream.flush()
-        self._shown = True
+        self._shown = text
 
     def _clear(self) -> None:
         if self._shown:
             self.stream.write("\r\033[K")
-            self._shown = False
+            self._shown = ""

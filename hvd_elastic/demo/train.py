@@ -8,9 +8,9 @@ Elastic, one process per slot (what ``hvd-elastic demo`` runs)::
 or as ONE plain process, no launcher: the uninterrupted reference run, same code,
 same data order, same global batch.
 
-The data ship with scikit-learn (1797 8x8 images, no download): a fixed split
-keeps :data:`TEST_SAMPLES` for the accuracy test.  Every step takes
-:data:`GLOBAL_BATCH` samples whatever the world size (``BatchPolicy.constant_global``);
+The data ship with scikit-learn (1797 8x8 images, no download; :mod:`.digits`): a
+fixed split keeps 360 for the accuracy test.  Every step takes
+``GLOBAL_BATCH`` samples whatever the world size (``BatchPolicy.constant_global``);
 gradients are SUMMED across ranks of a loss already divided by the step's
 samples, so a step's update is the same however the step is split, and an
 elastic run can match the reference.  The LR follows a cosine schedule over the
