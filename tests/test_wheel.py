@@ -101,3 +101,11 @@ def test_installed_demo_smallest_setting_and_report(installed, tmp_path):
     out = run([installed / "hvd-elastic", "report", work], timeout=180, cwd=tmp_path, env=outside_env())
     assert out.returncode == 0, out.stderr
     assert "1 membership change," in out.stdout and (work / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_installed_package_carries_the_operator_files(installed):
+    share = installed.parent / "share" / "hvd-elastic"
+    for name in ("systemd/hvd-elastic-node-agent.service", "systemd/hvd-elastic-discover.service",
+                 "slurm/prolog.sh", "slurm/epilog.sh", "consul/horovod.hcl"):
+        assert (share / name).read_bytes() == (REPO / "scripts" / name).read_bytes(), name
