@@ -6,7 +6,11 @@ Launch it with horovodrun's elastic mode and Consul discovery::
         --host-discovery-script discovery/consul_hosts \\
         python examples/train_elastic.py --workdir /shared/run1
 
-It trains a small regression MLP on a synthetic, deterministic dataset. Hosts
+It trains a small regression MLP on a synthetic, deterministic dataset, with
+an LR schedule, a global batch kept constant across resizes, mixed precision
+(AMP with a ``GradScaler``) where CUDA exists, and torchdata's
+``StatefulDataLoader`` with worker processes when torchdata is installed
+(``pip install hvd-elastic[torchdata]``; else a plain ``DataLoader``). Hosts
 may join or leave at any time (drain a node with ``hvd-elastic drain``), and a
 killed job restarted with the same ``--workdir`` resumes from its last durable
 checkpoint. Rank 0 appends one ``{"time", "epoch", "step", "size", "loss"}`` line
@@ -24,6 +28,11 @@ import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+try:  # its iterator state is checkpointable too; the ExactlyOnceSampler position is what TrainingState commits
+    from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+except ImportError:
+    Loader = DataLoader
 
 import horovod.torch as hvd
 
@@ -57,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="extra seconds per step, to stand in for real compute (demo)")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="commits between durable checkpoints")
+    parser.add_argument("--loader-workers", type=int, default=2, help="data loader worker processes per rank")
     return parser.parse_args()
 
 
@@ -66,14 +76,20 @@ def main() -> None:
     hvd.init()
     torch.manual_seed(0)
 
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", hvd.local_rank()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     dataset = SyntheticRegression(args.samples)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                          named_parameters=model.named_parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     sampler = ExactlyOnceSampler(dataset, seed=1)  # no batch_size: the BatchPolicy below sets the batch
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
-    state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
+    loader = Loader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate(),
+                    num_workers=args.loader_workers)
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda)  # AMP only where CUDA exists; a no-op on CPU
+    state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], scaler=scaler, sampler=sampler,
                           batch_policy=BatchPolicy.constant_global(args.global_batch), epoch=0, step=0)
     progress_path = os.path.join(args.workdir, "progress.jsonl")
 
@@ -86,12 +102,21 @@ def main() -> None:
             for batch in loader:
                 optimizer.zero_grad()
                 if batch is None:  # an idle final step: this rank has no sample left
-                    loss = torch.zeros(())
+                    loss = torch.zeros((), device=device)
                 else:
-                    x, y = batch
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-                optimizer.step()
+                    x, y = (t.to(device, non_blocking=True) for t in batch)
+                    with torch.autocast(device.type, enabled=cuda):
+                        loss = torch.nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                if cuda:
+                    # Horovod's DistributedOptimizer: finish the gradient allreduce before unscaling.
+                    optimizer.synchronize()
+                    scaler.unscale_(optimizer)
+                    with optimizer.skip_synchronize():
+                        scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
                 sampler.record_batch()
                 state.step += 1
                 loss_avg = hvd.allreduce(loss.detach(), name="loss").item()
