@@ -26,9 +26,14 @@ one after every sync and reset):
     applied to every param group's ``lr`` and ``initial_lr`` and to each LR
     scheduler's ``base_lrs``; schedulers that keep other absolute LR values
     (``OneCycleLR``, ``CyclicLR``) need a reset callback of their own.
+
+:func:`fit_to_world` applies a policy to the live objects; ``TrainingState``
+calls it after construction and every sync and reset.
 """
 
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 
 class BatchPolicy:
@@ -110,3 +115,53 @@ def _check_positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
+
+# -- applying a policy to the live objects -----------------------------------------------------
+
+
+def new_bookkeeping() -> dict[str, Any]:
+    """The policy state a TrainingState commits: the LR scale applied, the base world size."""
+    return {"lr_factor": 1.0, "base_world_size": None}
+
+
+def fit_to_world(policy: BatchPolicy | None, bookkeeping: dict[str, Any], *, rank: int, size: int,
+                 initialized: bool, optimizer: Any = None, schedulers: Sequence[Any] = (),
+                 sampler: Any = None) -> None:
+    """Fit sampler, LR and accumulation to a world of ``size`` (this process is ``rank``); idempotent.
+
+    ``bookkeeping`` (from :func:`new_bookkeeping`, committed with the state so a
+    joining rank learns it from rank 0) is updated in place.  The base world
+    size is recorded by the first call with ``initialized`` (Horovod is
+    initialised), so a state built before ``hvd.init()`` does not take 1 and
+    scale the LR by the whole world at its first sync.
+    """
+    set_world = getattr(sampler, "set_world", None)
+    if set_world is not None:
+        set_world(rank, size, policy.step_samples(size) if policy is not None else None)
+    if policy is None:
+        return
+    if bookkeeping["base_world_size"] is None and initialized:
+        bookkeeping["base_world_size"] = size
+    base = bookkeeping["base_world_size"]
+    applied = bookkeeping["lr_factor"]
+    factor = applied if base is None else policy.lr_factor(size, base)  # no world yet: scale later
+    if optimizer is not None and factor != applied:
+        scale_lr(optimizer, schedulers, factor / applied)
+        bookkeeping["lr_factor"] = factor
+    set_passes = getattr(optimizer, "set_backward_passes_per_step", None)
+    if set_passes is not None:
+        set_passes(policy.accumulation_steps(size))
+
+
+def scale_lr(optimizer: Any, schedulers: Sequence[Any], ratio: float) -> None:
+    """Multiply every param group's ``lr`` and ``initial_lr`` and each scheduler's ``base_lrs`` by ``ratio``."""
+    from hvd_elastic.training import compat  # torch and Horovod: only when there is an optimizer
+
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * ratio
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * ratio
+    for scheduler in schedulers:
+        if hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+        compat.set_last_lr(scheduler, [g["lr"] for g in optimizer.param_groups])

@@ -208,9 +208,10 @@ def broadcast_buffer(
 def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
     """``dst.copy_(src)`` for every pair, batched, and finished before returning.
 
-    Same-device pairs go through ``torch._foreach_copy_`` (one dispatch for the
-    lot); device-to-host copies are issued non-blocking into pinned memory and
-    waited for once at the end.
+    Same-device pairs go through one batched foreach copy (one dispatch for the
+    lot: :func:`hvd_elastic.training.compat.foreach_copy`); device-to-host
+    copies are issued non-blocking into pinned memory and waited for once at
+    the end.
     """
     if not destinations:
         return
@@ -232,14 +233,11 @@ def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.T
 
 
 def _foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    foreach = getattr(torch, "_foreach_copy_", None)
-    if foreach is not None:
-        try:
-            foreach(dsts, srcs)
-            return
-        except (RuntimeError, TypeError):
-            pass  # mixed strides/dtypes the fused kernel refuses: per-tensor below
-    for dst, src in zip(dsts, srcs):
+    from hvd_elastic.training import compat  # imported on use: building layouts needs no Horovod
+
+    if compat.foreach_copy(dsts, srcs):
+        return
+    for dst, src in zip(dsts, srcs):  # the fused kernel refused (mixed strides/dtypes)
         dst.copy_(src)
 
 

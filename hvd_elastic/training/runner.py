@@ -45,11 +45,10 @@ import time
 from typing import Any, Callable
 
 import horovod.torch as hvd
-from horovod.common.elastic import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.runner.elastic.worker import HostUpdateResult
 
 from hvd_elastic.training import forksafe
+from hvd_elastic.training.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training.elastic_loop import run_elastic
 from hvd_elastic.training.events import EventLog, describe_error

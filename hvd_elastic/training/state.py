@@ -38,6 +38,13 @@ Semantics follow Horovod's: ``commit() = save() + check_host_updates()``;
 every rank equal to rank 0 (and commits that locally, so a rank that joined
 can roll back to it).
 
+What lives where: how each kind of object is committed is in
+:mod:`~hvd_elastic.training.components` (a registry of adapters); how batch
+size, LR and accumulation follow the world is in
+:mod:`~hvd_elastic.training.batching`; the snapshot format is in
+:mod:`~hvd_elastic.training.snapshot`; every private Horovod/torch attribute
+is in :mod:`~hvd_elastic.training.compat`.
+
 Snapshots
 ---------
 :meth:`snapshot` returns the last committed state as a nested dict of CPU
@@ -50,7 +57,6 @@ the next commit overwrites them.  A background writer must either hold
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -60,15 +66,14 @@ import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
 
-from hvd_elastic.training.batching import BatchPolicy
-from hvd_elastic.training import forksafe
+from hvd_elastic.training import compat, forksafe
+from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
+from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer, copy_tensors
 from hvd_elastic.training.rng import RNGState
+from hvd_elastic.training.snapshot import SNAPSHOT_FORMAT, tree_copy
 
 log = logging.getLogger(__name__)
-
-#: Format tag of :meth:`TrainingState.snapshot` dicts.
-SNAPSHOT_FORMAT = "hvd_elastic.training_state/1"
 
 Listener = Callable[[str, dict], None]
 
@@ -119,7 +124,7 @@ class TrainingState(State):
             if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
                 raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
-        objects = {name: v for name, v in values.items() if _is_stateful(v)}
+        objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
         self.model = model
@@ -132,7 +137,7 @@ class TrainingState(State):
         self.commit_count = 0
         self.snapshot_lock = threading.RLock()
         self._listeners: list[Listener] = []
-        self._components: dict[str, _Component] = {}
+        self._components: dict[str, Adapter] = {}
         self._buffer: FlatBuffer | None = None
         self._meta: dict[str, Any] = {}
         # Version counters of the live tensors when they last equalled the
@@ -142,9 +147,7 @@ class TrainingState(State):
         self._clean_versions: tuple | None = None
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
-        # The base is recorded by the first _apply_world that sees Horovod
-        # initialised, so a state built before hvd.init() does not take 1.
-        self._policy = {"lr_factor": 1.0, "base_world_size": None}
+        self._policy = new_bookkeeping()
 
         if model is not None:
             self.register("model", model)
@@ -168,7 +171,8 @@ class TrainingState(State):
 
     def register(self, name: str, obj: Any) -> None:
         """Commit/restore/sync ``obj`` (a Module, an Optimizer, or anything with
-        ``state_dict()``/``load_state_dict()``) under ``name`` from now on.
+        ``state_dict()``/``load_state_dict()``) under ``name`` from now on, with
+        the adapter :func:`~hvd_elastic.training.components.adapter_for` picks.
 
         Registering after construction takes effect at the next commit (a
         restore before it leaves the object as it is).
@@ -177,7 +181,7 @@ class TrainingState(State):
             raise ValueError(f"component name must be non-empty and contain no '/', got {name!r}")
         if name in self._components:
             raise ValueError(f"a component named {name!r} is already registered")
-        self._components[name] = _component_for(obj)
+        self._components[name] = adapter_for(obj)
 
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync".
@@ -272,7 +276,8 @@ class TrainingState(State):
             named, meta = self._capture()
             with self.snapshot_lock:
                 buffer = self._buffer_for(FlatLayout.of(named))
-            self._bcast_object({"layout": buffer.layout.describe(), "meta": meta}, name="hvd_elastic.sync.header")
+            hvd.broadcast_object({"layout": buffer.layout.describe(), "meta": meta}, root_rank=0,
+                                 name="hvd_elastic.sync.header")
             live = [t for _, t in named]
 
             def fill(indices: list[int]) -> None:
@@ -280,7 +285,7 @@ class TrainingState(State):
 
             # After a restore, or an interrupt raised by commit(), the live
             # tensors ARE the committed copy: send that, skip the copy.
-            unchanged = self._clean_versions is not None and self._clean_versions == _versions(live)
+            unchanged = self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
             wire = time.perf_counter()
             with self.snapshot_lock:
                 nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
@@ -288,7 +293,7 @@ class TrainingState(State):
                 wire = time.perf_counter() - wire
                 self._meta = meta
         else:
-            header = self._bcast_object(None, name="hvd_elastic.sync.header")
+            header = hvd.broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
             layout = FlatLayout.parse(header["layout"])
             meta = header["meta"]
             done: set[str] = set()
@@ -377,24 +382,8 @@ class TrainingState(State):
     def _apply_world(self) -> None:
         """Fit sampler, LR and accumulation to the current world; idempotent."""
         rank, size = _world()
-        policy = self.batch_policy
-        set_world = getattr(self.sampler, "set_world", None)
-        if set_world is not None:
-            set_world(rank, size, policy.step_samples(size) if policy is not None else None)
-        if policy is None:
-            return
-        if self._policy["base_world_size"] is None and hvd.is_initialized():
-            self._policy["base_world_size"] = size
-        # No world yet (built before hvd.init()): the LR is scaled once there is one.
-        base = self._policy["base_world_size"]
-        factor = self._policy["lr_factor"] if base is None else policy.lr_factor(size, base)
-        applied = self._policy["lr_factor"]
-        if self.optimizer is not None and factor != applied:
-            _scale_lr(self.optimizer, self.schedulers, factor / applied)
-            self._policy["lr_factor"] = factor
-        set_passes = getattr(self.optimizer, "set_backward_passes_per_step", None)
-        if set_passes is not None:
-            set_passes(policy.accumulation_steps(size))
+        fit_to_world(self.batch_policy, self._policy, rank=rank, size=size, initialized=hvd.is_initialized(),
+                     optimizer=self.optimizer, schedulers=self.schedulers, sampler=self.sampler)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -406,7 +395,7 @@ class TrainingState(State):
             for key, tensor in component.tensors():
                 named.append((f"{name}/{key}", tensor))
             metas[name] = component.meta()
-        meta = {"components": metas, "values": _tree_copy(self._values), "policy": dict(self._policy)}
+        meta = {"components": metas, "values": tree_copy(self._values), "policy": dict(self._policy)}
         return named, meta
 
     def _buffer_for(self, layout: FlatLayout) -> FlatBuffer:
@@ -447,7 +436,7 @@ class TrainingState(State):
         optimizer = self.optimizer
         if optimizer is not None and any(g.get("fused") for g in optimizer.param_groups):
             return None
-        return _versions(live)
+        return compat.tensor_versions(live)
 
     def _targets(self, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Live tensors that committed tensors (by full key) can be copied into in place."""
@@ -497,305 +486,8 @@ class TrainingState(State):
                 component.load(by_component[name], component_meta[name],
                                frozenset(k[len(prefix):] for k in done if k.startswith(prefix)))
         self._values.clear()
-        self._values.update(_tree_copy(meta["values"]))
+        self._values.update(tree_copy(meta["values"]))
         self._policy = dict(meta["policy"])
-
-
-# -- components: how one kind of object is committed ----------------------------------------
-
-
-class _Component:
-    """Adapter between one live object and the commit buffer.
-
-    ``tensors()`` lists the live tensors that go into the flat buffer (large,
-    copied with ``copy_``); ``meta()`` returns a detached copy of everything
-    else (small).  Going back, ``targets(meta)`` names the live tensors a
-    committed tensor may be copied into in place (done in batches, and per
-    bucket during a sync), and ``load()`` restores the rest: the small state
-    and any tensor not in ``done``.
-    """
-
-    def tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return []
-
-    def meta(self) -> Any:
-        raise NotImplementedError
-
-    def targets(self, meta: Any) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load(self, tensors: dict[str, torch.Tensor], meta: Any, done: frozenset[str] = frozenset()) -> None:
-        raise NotImplementedError
-
-    def before_commit(self) -> None:
-        """Raise when the live object is in a state that must not be committed."""
-
-    def after_sync(self, rank: int) -> None:
-        """Called on every rank once a sync has loaded rank 0's state."""
-
-
-class _ModuleComponent(_Component):
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-        self._extra_state = _has_extra_state(module)
-
-    def tensors(self):
-        return [(k, v) for k, v in self.module.state_dict().items() if isinstance(v, torch.Tensor)]
-
-    def meta(self):
-        if not self._extra_state:
-            return {}
-        # Only non-tensor extra state (rare) lives here.
-        return {k: _tree_copy(v) for k, v in self.module.state_dict().items() if not isinstance(v, torch.Tensor)}
-
-    def targets(self, meta):
-        # state_dict() tensors alias the parameters and buffers.
-        return dict(self.tensors())
-
-    def load(self, tensors, meta, done=frozenset()):
-        live = {k for k, _ in self.tensors()}
-        if set(tensors) != live:
-            raise ValueError(
-                f"model layout differs from the committed one: missing {sorted(set(tensors) - live)[:5]}, "
-                f"unexpected {sorted(live - set(tensors))[:5]}"
-            )
-        rest = {k: v for k, v in tensors.items() if k not in done}
-        if rest or meta:
-            # load_state_dict copies into the existing parameters in place.
-            self.module.load_state_dict({**rest, **_tree_copy(meta)}, strict=not done)
-
-
-class _OptimizerComponent(_Component):
-    """Optimizer state by parameter position, restored in place, created when missing."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
-
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    def tensors(self):
-        named = []
-        state = self.optimizer.state
-        for i, p in enumerate(self._params()):
-            entry = state.get(p)
-            if entry:
-                for key in sorted(entry):
-                    value = entry[key]
-                    if isinstance(value, torch.Tensor):
-                        named.append((f"{i}.{key}", value))
-        return named
-
-    def meta(self):
-        params = self._params()
-        scalars: dict[int, dict[str, Any]] = {}
-        placement: dict[str, str] = {}
-        state = self.optimizer.state
-        for i, p in enumerate(params):
-            entry = state.get(p)
-            if not entry:
-                continue
-            for key, value in entry.items():
-                if not isinstance(key, str):
-                    raise TypeError(f"optimizer state key {key!r} of parameter {i} is not a string")
-                if isinstance(value, torch.Tensor):
-                    # Moments live with their parameter; e.g. Adam's "step" stays on the CPU.
-                    placement[f"{i}.{key}"] = "param" if value.device == p.device else "cpu"
-                else:
-                    scalars.setdefault(i, {})[key] = _tree_copy(value)
-        groups = [{k: _tree_copy(v) for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
-        return {"param_groups": groups, "group_sizes": sizes, "scalars": scalars, "placement": placement}
-
-    def targets(self, meta):
-        found = {}
-        state = self.optimizer.state
-        for i, p in enumerate(self._params()):
-            for name, value in (state.get(p) or {}).items():
-                key = f"{i}.{name}"
-                if isinstance(value, torch.Tensor) and value.device == _placement(meta, key, p):
-                    found[key] = value
-        return found
-
-    def load(self, tensors, meta, done=frozenset()):
-        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
-        if sizes != list(meta["group_sizes"]):
-            raise ValueError(
-                f"optimizer has param groups of sizes {sizes} but the committed state has {list(meta['group_sizes'])}"
-            )
-        per_param: dict[int, dict[str, torch.Tensor]] = {}
-        for key, tensor in tensors.items():
-            index, _, name = key.partition(".")
-            per_param.setdefault(int(index), {})[name] = tensor
-        scalars = {int(i): v for i, v in meta["scalars"].items()}
-        state = self.optimizer.state
-        with torch.no_grad():
-            for i, p in enumerate(self._params()):
-                want = per_param.get(i, {})
-                want_scalars = scalars.get(i, {})
-                if not want and not want_scalars:
-                    state.pop(p, None)
-                    continue
-                live = state.get(p) or {}
-                entry: dict[str, Any] = {}
-                for name, saved in want.items():
-                    device = _placement(meta, f"{i}.{name}", p)
-                    current = live.get(name)
-                    if f"{i}.{name}" in done:
-                        entry[name] = current  # already copied in place
-                    elif (isinstance(current, torch.Tensor) and current.shape == saved.shape
-                            and current.dtype == saved.dtype and current.device == device):
-                        current.copy_(saved)
-                        entry[name] = current
-                    else:
-                        # A rank that never stepped gets its state created here:
-                        # no dummy optimizer.step(), parameters untouched.
-                        entry[name] = saved.to(device=device, copy=True)
-                entry.update(_tree_copy(want_scalars))
-                state[p] = entry
-        for group, saved in zip(self.optimizer.param_groups, meta["param_groups"]):
-            group.update(_tree_copy(saved))
-        _forget_pending_allreduces(self.optimizer)
-
-
-def _placement(meta: dict[str, Any], key: str, param: torch.Tensor) -> torch.device:
-    return param.device if meta["placement"].get(key) == "param" else torch.device("cpu")
-
-
-class _StatefulComponent(_Component):
-    """Anything with ``state_dict``/``load_state_dict`` whose state is small."""
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def meta(self):
-        return _tree_copy(self.obj.state_dict())
-
-    def load(self, tensors, meta, done=frozenset()):
-        if not meta and getattr(self.obj, "is_enabled", None) is not None and not self.obj.is_enabled():
-            return  # a disabled GradScaler has an empty state and refuses to load it
-        # A fresh copy: load_state_dict implementations often keep references.
-        self.obj.load_state_dict(_tree_copy(meta))
-
-
-class _SamplerComponent(_StatefulComponent):
-    """An ExactlyOnceSampler: refuses a commit loop that forgot ``record_batch()``."""
-
-    def __init__(self, obj: Any):
-        super().__init__(obj)
-        self._seen()
-
-    def _seen(self) -> None:
-        self._position = (self.obj.epoch, self.obj.offset)
-        self._drawn = self.obj.batches_drawn
-        self._stalls = 0
-
-    def before_commit(self) -> None:
-        # Batches drawn but the position unchanged since the last commit: a
-        # commit at the top of the loop does that once; twice in a row means
-        # no step is ever recorded, and every reset would replay the epoch.
-        s = self.obj
-        stalled = (s.epoch, s.offset) == self._position and s.batches_drawn > self._drawn
-        self._stalls = self._stalls + 1 if stalled else 0
-        if self._stalls >= 2:
-            raise RuntimeError(
-                f"ExactlyOnceSampler: {self._stalls} commits in a row saw batches drawn but no step recorded "
-                f"(epoch {s.epoch}, offset {s.offset}): call sampler.record_batch() once per completed step "
-                f"before state.commit(), or end each step with state.commit_step()"
-            )
-        self._position, self._drawn = (s.epoch, s.offset), s.batches_drawn
-
-    def load(self, tensors, meta, done=frozenset()):
-        super().load(tensors, meta, done)
-        self._seen()
-
-
-class _RNGComponent(_StatefulComponent):
-    """RNG states: after a sync, each rank but 0 continues a stream of its own."""
-
-    def after_sync(self, rank: int) -> None:
-        if rank != 0:
-            self.obj.fork(rank)
-
-
-def _is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
-def _component_for(obj: Any) -> _Component:
-    from hvd_elastic.training.sampler import ExactlyOnceSampler
-
-    if isinstance(obj, torch.nn.Module):
-        return _ModuleComponent(obj)
-    if isinstance(obj, torch.optim.Optimizer):
-        return _OptimizerComponent(obj)
-    if isinstance(obj, ExactlyOnceSampler):
-        return _SamplerComponent(obj)
-    if isinstance(obj, RNGState):
-        return _RNGComponent(obj)
-    if _is_stateful(obj):
-        return _StatefulComponent(obj)
-    raise TypeError(f"cannot commit {type(obj).__name__}: it needs state_dict() and load_state_dict()")
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
-
-
-def _tree_copy(value: Any) -> Any:
-    """Copy of a small nested state: containers rebuilt, tensors cloned to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, _IMMUTABLE):
-        return value
-    if isinstance(value, dict):
-        copied = {k: _tree_copy(v) for k, v in value.items()}
-        return copied if type(value) is dict else type(value)(copied)
-    if isinstance(value, list):
-        return [_tree_copy(v) for v in value]
-    if isinstance(value, tuple) and type(value) is tuple:
-        return tuple(_tree_copy(v) for v in value)
-    return copy.deepcopy(value)
-
-
-def _forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
-    """Drop a Horovod ``DistributedOptimizer``'s in-flight gradient allreduces.
-
-    After a collective failed mid-step its handles are stale, and its
-    ``zero_grad`` refuses to run while any exist.  Horovod resets them in its
-    ``load_state_dict``; loading in place skips that method, so do the same here.
-    """
-    if not hasattr(optimizer, "_handles") or not hasattr(optimizer, "_allreduce_delay"):
-        return
-    optimizer._handles = {}
-    optimizer._synchronized = False
-    optimizer._should_synchronize = True
-    for p in optimizer._allreduce_delay:
-        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
-
-
-def _has_extra_state(module: torch.nn.Module) -> bool:
-    base = torch.nn.Module.get_extra_state
-    return any(type(m).get_extra_state is not base for m in module.modules())
-
-
-def _scale_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any], ratio: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * ratio
-        if "initial_lr" in group:
-            group["initial_lr"] = group["initial_lr"] * ratio
-    for scheduler in schedulers:
-        if hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
-        if hasattr(scheduler, "_last_lr"):
-            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-
-
-def _versions(tensors: Sequence[torch.Tensor]) -> tuple:
-    """Identity and in-place-modification counter of each tensor."""
-    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def _world() -> tuple[int, int]:

@@ -1,0 +1,113 @@
+"""Every use of a private Horovod or torch attribute, in one place, behind a version check.
+
+hvd-elastic reaches into a few internals that neither project promises to
+keep.  They live here and nowhere else, so an upgrade has one file to
+re-check, and importing this module with versions it was not written for
+fails AT IMPORT with one line naming what was found and what to do, instead
+of an ``AttributeError`` in the middle of a reset.
+
+=================================== ============================================
+internal                            used for
+=================================== ============================================
+``horovod.common.elastic.            worker notifications of host changes
+notification_manager``               (runner, elastic_loop)
+``horovod.runner.elastic.worker.     what a host update was (added, removed...)
+HostUpdateResult``
+``DistributedOptimizer._handles``,   dropping in-flight allreduces after a failed
+``_allreduce_delay``,                step (:func:`forget_pending_allreduces`)
+``_synchronized``,
+``_should_synchronize``
+``LRScheduler._last_lr``             ``get_last_lr()`` after a policy rescales LRs
+``Tensor._version``                  "unchanged since the commit" (sync fast path)
+``torch._foreach_copy_``             one batched copy of many tensors
+=================================== ============================================
+
+Known users outside this module: ``hvd_elastic/training/elastic_loop.py``
+imports ``notification_manager`` from Horovod directly (owned by another
+engineer; to be switched to this module).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import horovod
+import torch
+
+#: The versions these internals were checked against.
+HOROVOD_VERSIONS = ("0.28.1",)
+TORCH_VERSIONS = ((2, 1), (2, 13))  # inclusive (major, minor) range
+
+
+def check_versions(horovod_version: str, torch_version: str) -> None:
+    """Raise ImportError (one line: found, expected, the fix) unless both versions are supported."""
+    found = []
+    if horovod_version not in HOROVOD_VERSIONS:
+        found.append(f"Horovod {horovod_version} (written for {', '.join(HOROVOD_VERSIONS)})")
+    low, high = TORCH_VERSIONS
+    if not low <= _major_minor(torch_version) <= high:
+        found.append(f"torch {torch_version} (written for {low[0]}.{low[1]} to {high[0]}.{high[1]})")
+    if found:
+        raise ImportError(
+            f"hvd_elastic.training.compat uses private Horovod/torch attributes and found {' and '.join(found)}: "
+            f"install a supported version, or re-check every internal listed in {__file__} and widen its "
+            f"HOROVOD_VERSIONS/TORCH_VERSIONS"
+        )
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (-1, -1)  # unparseable: outside every range
+
+
+check_versions(horovod.__version__, torch.__version__)
+
+from horovod.common.elastic import notification_manager  # noqa: E402 -- only once the versions are known good
+from horovod.runner.elastic.worker import HostUpdateResult  # noqa: E402
+
+__all__ = ["HostUpdateResult", "notification_manager", "forget_pending_allreduces", "set_last_lr",
+           "tensor_versions", "foreach_copy", "check_versions"]
+
+
+def forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
+    """Drop a Horovod ``DistributedOptimizer``'s in-flight gradient allreduces.
+
+    After a collective failed mid-step its handles are stale, and its
+    ``zero_grad`` refuses to run while any exist.  Horovod resets them in its
+    ``load_state_dict``; loading in place skips that method, so do the same
+    here.  Any other optimizer is left alone.
+    """
+    if not hasattr(optimizer, "_handles") or not hasattr(optimizer, "_allreduce_delay"):
+        return
+    optimizer._handles = {}
+    optimizer._synchronized = False
+    optimizer._should_synchronize = True
+    for p in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+
+
+def set_last_lr(scheduler: Any, lrs: list[float]) -> None:
+    """Make ``scheduler.get_last_lr()`` report ``lrs`` (schedulers without it are left alone)."""
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = list(lrs)
+
+
+def tensor_versions(tensors: Sequence[torch.Tensor]) -> tuple:
+    """Identity and in-place-modification counter of each tensor."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+def foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> bool:
+    """``torch._foreach_copy_(dsts, srcs)``; False when it is missing or refuses the lot
+    (mixed strides or dtypes): the caller then copies tensor by tensor."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is None:
+        return False
+    try:
+        foreach(dsts, srcs)
+    except (RuntimeError, TypeError):
+        return False
+    return True
