@@ -184,3 +184,13 @@ def test_exactly_once_verdict_appears_when_the_run_keeps_a_ledger(run_dir):
     report = make_report(run_dir)
     assert report.exactly_once == "exactly-once: FAILED: 1 samples lost and 1 duplicated in completed epochs"
     assert not report.ok
+
+
+def test_an_empty_event_log_gets_a_table_and_a_picture(tmp_path):
+    (tmp_path / "events.jsonl").write_text("")
+    out = subprocess.run([sys.executable, "-m", "hvd_elastic.cli", "report", str(tmp_path)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "0 membership changes" in out.stdout and "not finished" in out.stdout
+    assert "Warning" not in out.stderr
+    assert png_size(tmp_path / "report.png") == SIZE_PX

@@ -78,8 +78,9 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
                 ax_loss.annotate(text, xy=(at, 1.0 if number % 2 == 0 else 0.7), xycoords=("data", "axes fraction"),
                                  xytext=(2, -4),
                                  textcoords="offset points", rotation=90, va="top", fontsize=8, color=colour)
-        ax_loss.legend(loc="upper right", fontsize=8, framealpha=0.9)
-        ax_size.legend(loc="lower right", fontsize=8, framealpha=0.9)
+        for ax, where in ((ax_loss, "upper right"), (ax_size, "lower right")):
+            if ax.get_legend_handles_labels()[0]:  # an empty run has nothing to explain
+                ax.legend(loc=where, fontsize=8, framealpha=0.9)
         ax_loss.set_xlim(left=0)
         fig.suptitle(f"hvd-elastic run {run.directory.name}: loss and world size; dashed lines: membership changes")
         fig.tight_layout()
