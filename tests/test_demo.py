@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from hvd_elastic.demo import schedule
 from hvd_elastic.demo.digits import TEST_SAMPLES
 from hvd_elastic.demo.live import Console
 from hvd_elastic.report.plot import SIZE_PX
-from hvd_elastic.testbed import JsonLines
+from hvd_elastic.testbed import JobError, JsonLines, wait_until
 from hvd_elastic.testbed.ledger import verdict
 from hvd_elastic.training.events import EventLog
 
@@ -66,16 +67,28 @@ def _reap(proc: subprocess.Popen, marker: str, grace: float) -> list[str]:
     return lingering
 
 
-def run_demo(*args: str, marker: str, log_path, wait: float = DEMO_WAIT_S) -> tuple[int | None, list[str]]:
-    """Run ``hvd-elastic demo *args``: (its exit code or None when it hung and was killed, processes it left)."""
+def start_demo(*args: str, marker: str, log_path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "hvd_elastic.cli", "demo", *args], stdout=log,
+        return subprocess.Popen([sys.executable, "-m", "hvd_elastic.cli", "demo", *args], stdout=log,
                                 stderr=subprocess.STDOUT, env=dict(os.environ, **{MARKER: marker}),
                                 start_new_session=True)
+
+
+def run_demo(*args: str, marker: str, log_path, wait: float = DEMO_WAIT_S,
+             interrupt_after: str | None = None) -> tuple[int | None, list[str]]:
+    """Run ``hvd-elastic demo *args``: (its exit code or None when it hung and was killed, processes it left).
+
+    With ``interrupt_after``, the demo gets SIGTERM once its output shows that text.
+    """
+    proc = start_demo(*args, marker=marker, log_path=log_path)
     code = None
     try:
+        if interrupt_after is not None:
+            wait_until(f"the demo to print {interrupt_after!r}",
+                       lambda: proc.poll() is not None or interrupt_after in log_path.read_text(), wait, 0.5)
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=wait)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, JobError):
         pass
     finally:
         # A finished demo must have ended what it started: a short grace, then anything left is a leak.
@@ -129,6 +142,18 @@ def test_demo_goes_through_every_event_and_every_check_holds(tmp_path):
     assert "6 membership changes" in out.stdout and "exactly-once: OK" in out.stdout
     # Discovery kept its first-call markers here, not in a shared /tmp path.
     assert os.listdir(marker)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_training_ends_every_process_the_demo_started(tmp_path):
+    marker = str(tmp_path / "discovery-state")
+    log_path = tmp_path / "demo.log"
+    code, lingering = run_demo("--workdir", str(tmp_path / "work"), "--timeout", str(PHASE_TIMEOUT_S), marker=marker,
+                               log_path=log_path, interrupt_after="training at world size 2")
+    output = log_path.read_text()
+    assert "training at world size 2" in output, output[-3000:]
+    assert code == 130, output[-3000:]  # interrupted, like Ctrl-C
+    assert not lingering, f"processes left running after the demo was stopped: {lingering}"
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(progress)
     console.say(f"run directory {workdir}")
     start = time.monotonic()
+    # SIGTERM unwinds like Ctrl-C, so every process the demo started is ended (hvd-elastic exits 130).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_demo(args, workdir, events, [spare] if spare else [], console)
         passed = _summary(args, workdir, console)
@@ -104,8 +107,14 @@ def run(args: argparse.Namespace) -> int:
         console.say(f"FAILED: {exc}")
         print(f"hvd-elastic demo: FAILED: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     console.say(f"demo {'OK' if passed else 'FAILED'} in {time.monotonic() - start:.0f} s")
     return 0 if passed else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _spare_host(name: str | None) -> str | None:
