@@ -22,9 +22,6 @@ HostUpdateResult``
 ``torch._foreach_copy_``             one batched copy of many tensors
 =================================== ============================================
 
-Known users outside this module: ``hvd_elastic/training/elastic_loop.py``
-imports ``notification_manager`` from Horovod directly (owned by another
-engineer; to be switched to this module).
 """
 
 from __future__ import annotations

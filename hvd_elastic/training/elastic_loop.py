@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 import horovod.torch as hvd
-from horovod.common.elastic import notification_manager
+from hvd_elastic.training.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 

@@ -38,14 +38,12 @@ def test_importing_with_an_unsupported_horovod_fails_there():
 _PRIVATE = re.compile(r"from horovod\S* import .*(notification_manager|HostUpdateResult)|\b_handles\b"
                       r"|\b_allreduce_delay\b|\b_should_synchronize\b|\b_synchronized\b|\b_last_lr\b"
                       r"|\._version\b|\b_foreach_copy_|\b_bcast_object\b")
-# Owned by other engineers, switching to compat (named in compat's docstring).
-_PENDING = {"elastic_loop.py"}
 
 
 def test_no_private_horovod_or_torch_attribute_outside_compat():
     offenders = []
     for path in sorted((PACKAGE / "training").glob("*.py")):
-        if path.name in {"compat.py", *_PENDING}:
+        if path.name == "compat.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             code = line.split("#", 1)[0]
