@@ -48,8 +48,7 @@ import psutil
 
 from hvd_elastic.testbed import REPO, Job, JobError, JsonLines, child_env, horovodrun_elastic, host_file_discovery
 
-sys.path.insert(0, str(REPO / "tests" / "training_run"))  # the tests' worker and process check
-from forksafe_helpers import is_alive  # noqa: E402
+from hvd_elastic.testbed.procs import is_alive
 
 WORKER = REPO / "tests" / "training_run" / "forksafe_worker.py"
 #: label -> the worker's loader configuration

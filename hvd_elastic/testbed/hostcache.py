@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hvd_elastic.discovery import cache
 from .env import CONSUL_HOSTS, HVD_ELASTIC
+from .procs import pid_alive
 
 _JOB = r"""
 import json, subprocess, sys
@@ -85,18 +86,6 @@ def fresh_record(state_dir: Path) -> cache.Record | None:
         return None
     rec = read_record(files[0])
     return rec if rec is not None and cache.untrusted_reason(rec) is None else None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has exited: only its parent has not reaped it yet
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def kill_watchers(state_dir: Path) -> None:

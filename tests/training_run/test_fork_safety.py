@@ -32,7 +32,7 @@ import pytest
 
 from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
 
-from forksafe_helpers import is_alive, wait_dead
+from hvd_elastic.testbed.procs import is_alive, wait_dead
 
 pytestmark = pytest.mark.slow
 

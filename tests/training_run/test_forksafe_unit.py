@@ -22,7 +22,7 @@ from hvd_elastic.config import ConfigError
 from hvd_elastic.testbed import child_env
 from hvd_elastic.training import forksafe
 
-from forksafe_helpers import is_alive, wait_dead
+from hvd_elastic.testbed.procs import is_alive, wait_dead
 
 HERE = Path(__file__).parent
 PROBE = HERE / "forksafe_probe.py"

@@ -1,4 +1,4 @@
-"""Helpers of the fork-safety tests (a uniquely named module: every test area has a conftest.py)."""
+"""Is a process still there: for tests and benchmarks that check what a crash or a kill left behind."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ def wait_dead(proc: psutil.Process | None, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def pid_alive(pid: int) -> bool:
+    """:func:`is_alive` for a pid."""
+    try:
+        return is_alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
