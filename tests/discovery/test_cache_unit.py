@@ -143,3 +143,19 @@ def test_a_publisher_whose_directory_vanished_reports_broken_instead_of_raising(
     gone.rmdir()
     publisher.answer(evaluate([entry("a")]), 3, time.monotonic())
     assert publisher.broken.is_set()
+
+
+def test_the_warm_path_imports_no_heavy_module():
+    """discovery's warm path runs every second: a stray ``typing``/``argparse``/``json`` import there
+    cost it 70% once (``benchmarks/discovery_speed.py`` measures the time; this names the culprit)."""
+    import subprocess
+    import sys
+
+    from hvd_elastic.testbed import REPO
+
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import hvd_elastic.discovery.fast; "
+             "print(' '.join(sorted(m for m in ('typing', 'argparse', 'json', 'logging', 're', 'socket', 'dataclasses') "
+             "if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == [], f"the warm path imports {out.stdout.strip()}"
