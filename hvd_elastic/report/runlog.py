@@ -15,9 +15,10 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from pathlib import Path
+
+from hvd_elastic.training.events import json_objects
 
 EVENTS = "events.jsonl"
 PROGRESS = "progress.jsonl"
@@ -88,16 +89,11 @@ def _records(path: Path, warnings: list[str]) -> Iterator[dict]:
         warnings.append(f"{path}: cannot be read ({exc.strerror}); skipped")
         return
     complete = data[: data.rfind(b"\n") + 1]  # a last line without its newline is still being written
-    for number, raw in enumerate(complete.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            warnings.append(f"{path}:{number}: not a JSON object ({raw[:60].decode(errors='replace')!r}); skipped")
-            continue
+
+    def bad(number: int, raw: bytes) -> None:
+        warnings.append(f"{path}:{number}: not a JSON object ({raw[:60].decode(errors='replace')!r}); skipped")
+
+    for number, record in json_objects(complete.splitlines(), bad):
         record["_where"] = f"{path}:{number}"
         yield record
 

@@ -39,6 +39,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -100,21 +101,31 @@ class EventLog:
         A line that is not a JSON object (the torn last line of a killed job) is
         skipped with a warning naming the file and line number.
         """
-        records = []
         with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    record = None
-                if not isinstance(record, dict):
-                    log.warning("%s:%d: skipping a line that is not a JSON object", path, number)
-                    continue
-                if event is None or record.get("event") == event:
-                    records.append(record)
-        return records
+            lines = f.read().splitlines()
+
+        def bad(number: int, _raw: bytes) -> None:
+            log.warning("%s:%d: skipping a line that is not a JSON object", path, number)
+
+        return [record for _, record in json_objects(lines, bad) if event is None or record.get("event") == event]
+
+
+def json_objects(lines: Iterable[bytes], on_bad: Callable[[int, bytes], None]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each line holding a JSON object; ``on_bad(number, line)`` for the others.
+
+    Blank lines are neither.  Shared by every reader of the project's JSON-lines files.
+    """
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            yield number, record
+        else:
+            on_bad(number, raw)
 
 
 def describe_error(exc: BaseException) -> str:
