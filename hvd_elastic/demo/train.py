@@ -108,16 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         while state.epoch < args.epochs:
             sampler.set_epoch(state.epoch)
             for batch in loader:
-                key = [state.epoch, sampler.offset, hvd.size(), sampler.step_samples]
                 indices, x, y = batch if batch is not None else empty
-                evidence.batch(key, indices)  # before the step: a rolled-back step leaves a record too
+                key = evidence.tracked_batch(state, sampler, indices)
                 optimizer.zero_grad()
                 loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / key[3]
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
                 sampler.record_batch()
-                state.history.append(key)
                 state.step += 1
                 step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
                 state.commit()

@@ -119,6 +119,17 @@ class Evidence:
     def batch(self, key: list, indices) -> None:
         self._ledger.write(json.dumps({"key": key, "rank": hvd.rank(), "idx": [int(i) for i in indices]}) + "\n")
 
+    def tracked_batch(self, state, sampler, indices) -> list:
+        """Ledger record and committed-``history`` entry of the batch about to train; its step key.
+
+        Call before the step: a step that is rolled back leaves its record, and its key
+        leaves ``history`` with the restore, which is the rule :mod:`.ledger` applies.
+        """
+        key = [state.epoch, sampler.offset, hvd.size(), sampler.step_samples]
+        self.batch(key, indices)
+        state.history.append(key)
+        return key
+
     def committed(self, step: int, epoch: int, **fields) -> None:
         """Rank 0's progress row for a committed step; ``fields`` (a loss) are added to it."""
         if hvd.rank() == 0:
@@ -198,12 +209,10 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
         while state.epoch < args.epochs:
             sampler.set_epoch(state.epoch)
             for batch in loader:
-                key = [state.epoch, sampler.offset, hvd.size(), sampler.step_samples]
                 indices, x, y = batch if batch is not None else empty
-                evidence.batch(key, indices)
+                evidence.tracked_batch(state, sampler, indices)
                 _step(model, optimizer, scheduler, x, y, args.batch * hvd.size())
                 sampler.record_batch()
-                state.history.append(key)
                 state.step += 1
                 # While DIR/stall-checkpoints exists, writes stall (read by the writer at each write).
                 os.environ[WRITE_DELAY_ENV] = "120" if evidence.flag("stall-checkpoints") else "0"
