@@ -36,6 +36,15 @@ from .records import JsonLines
 SPARE_HOSTS = 2  # Consul nodes made ready for hosts a test adds mid-run
 
 
+class TrainingJob(Job):
+    """A horovodrun of :mod:`.worker` whose evidence lands in ``out`` (read incrementally through ``progress``)."""
+
+    def __init__(self, out: Path, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.out = out
+        self.progress = JsonLines(out / "progress.jsonl")
+
+
 class ElasticCluster:
     """``hosts`` netns hosts registered in a dev Consul by their node agents; see the module docstring.
 
@@ -151,7 +160,7 @@ class ElasticCluster:
     # -- the job -------------------------------------------------------------------
 
     def start_job(self, np: int, min_np: int, max_np: int, *worker_args: str, host_file: str | None = None,
-                  name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = ()) -> Job:
+                  name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = ()) -> TrainingJob:
         """Elastic horovodrun on the launcher training :mod:`.worker` into ``out`` (default ``workdir/name``).
 
         Hosts come from Consul through ``discovery/consul_hosts``, or, with
@@ -169,27 +178,23 @@ class ElasticCluster:
         env = self.bed.env(child_env(discovery_state=out / "discovery-state",
                                      HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
                                      **self.consul_env))
-        job = Job(self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
-                  also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
-        job.out = out
+        job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
+                          also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         self.jobs.append(job)
         return job.start()
 
     @staticmethod
-    def progress(job: Job) -> list[dict]:
-        reader = getattr(job, "_progress", None)
-        if reader is None:
-            reader = job._progress = JsonLines(job.out / "progress.jsonl")
-        return reader.rows()
+    def progress(job: TrainingJob) -> list[dict]:
+        return job.progress.rows()
 
-    def wait_steps(self, job: Job, size: int, steps: int = 1, since: float = 0.0, timeout: float = 180.0) -> dict:
+    def wait_steps(self, job: TrainingJob, size: int, steps: int = 1, since: float = 0.0, timeout: float = 180.0) -> dict:
         """Wait for ``steps`` committed steps at world ``size`` after wall time ``since``; the first such row."""
         def ready():
             rows = [r for r in self.progress(job) if r["time"] > since and r["size"] == size]
             return rows[0] if len(rows) >= steps else None
         return job.wait_until(f"{steps} steps at world size {size}", ready, timeout)
 
-    def workers(self, job: Job) -> list[dict]:
+    def workers(self, job: TrainingJob) -> list[dict]:
         """The live workers' latest pid records (rank, size, host, pid)."""
         rows = []
         for path in sorted((job.out / "pids").glob("*.json")):
@@ -199,7 +204,7 @@ class ElasticCluster:
                     rows.append(row)
         return rows
 
-    def stop(self, job: Job, timeout: float = 240.0) -> None:
+    def stop(self, job: TrainingJob, timeout: float = 240.0) -> None:
         """Ask the job to end at its next epoch boundary and wait for exit 0."""
         (job.out / "stop").touch()
         job.finish(timeout)
