@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node-agent": ("hvd_elastic.nodeagent.cli", "register this node in Consul and keep its health check alive"),
     "drain": ("hvd_elastic.nodeagent.drain", "put this node's service into maintenance (graceful leave)"),
     "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
-    "status": ("hvd_elastic.nodeagent.status", "show the service's nodes, slots, health and what discovery prints"),
+    "status": ("hvd_elastic.discovery.status", "show the service's nodes, slots, health and what discovery prints"),
     "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
     "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
 }

@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from hvd_elastic.config import ConfigError, ConsulConfig, token_file_exposure
+from hvd_elastic.consul.config import ConfigError, ConsulConfig, token_file_exposure
 from hvd_elastic.discovery import token_guard
-from hvd_elastic.discovery.options import argument_type
+from hvd_elastic.options import argument_type
 
 BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.discovery.hosts import is_valid_host
-from hvd_elastic.discovery.options import non_negative_float, positive_float, positive_int
+from hvd_elastic.options import non_negative_float, positive_float, positive_int
 from hvd_elastic.testbed import (CONSUL_HOSTS, HVD_ELASTIC, Job, JobError, JsonLines, child_env, horovodrun_elastic,
                                  start_node_agent, wait_until)
 from hvd_elastic.testbed.job import MARK_ENV

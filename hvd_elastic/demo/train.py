@@ -36,7 +36,7 @@ import horovod.torch as hvd
 
 import hvd_elastic
 from hvd_elastic import BatchPolicy, ExactlyOnceSampler, TrainingState
-from hvd_elastic.discovery.options import non_negative_float, positive_int
+from hvd_elastic.options import non_negative_float, positive_int
 from hvd_elastic.testbed.worker import Evidence, write_atomic, write_final
 
 from .digits import GLOBAL_BATCH, RESULT, load_split, steps_per_epoch

@@ -28,7 +28,7 @@ from .catalog import (
 )
 from .decode import decode_service
 from .errors import HTTPError
-from .gotypes import format_duration
+from hvd_elastic.consul.gotypes import format_duration
 
 log = logging.getLogger(__name__)
 

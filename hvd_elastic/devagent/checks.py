@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 
 from .catalog import CRITICAL, PASSING, WARNING
-from .gotypes import SECOND
+from hvd_elastic.consul.gotypes import SECOND
 
 MIN_INTERVAL_NS = 1 * SECOND
 DEFAULT_TIMEOUT_NS = 10 * SECOND

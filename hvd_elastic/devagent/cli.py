@@ -9,6 +9,8 @@ import os
 import sys
 import tempfile
 
+from hvd_elastic.consul.config import read_token_file
+
 log = logging.getLogger(__name__)
 
 EPILOG = """\
@@ -56,11 +58,7 @@ def _token(args: argparse.Namespace) -> str | None:
     if args.acl_token and args.acl_token_file:
         raise ValueError("give --acl-token or --acl-token-file, not both")
     if args.acl_token_file:
-        try:
-            with open(args.acl_token_file, encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except OSError as exc:
-            raise ValueError(f"--acl-token-file {args.acl_token_file!r} is unreadable: {exc.strerror}") from None
+        token = read_token_file("--acl-token-file", args.acl_token_file)  # a ConfigError, which is a ValueError
         if not token:
             raise ValueError(f"--acl-token-file {args.acl_token_file!r} is empty")
         return token

@@ -21,7 +21,7 @@ from .agent import LocalAgent, ReaperSettings
 from .api.base import ResponseCache
 from .api.dispatch import dispatch
 from .catalog import Catalog
-from .gotypes import SECOND
+from hvd_elastic.consul.gotypes import SECOND
 from .httpserver import HTTPServer
 from .index import RaftIndex
 from .kv import KVStore

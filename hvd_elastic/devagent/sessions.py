@@ -18,7 +18,7 @@ import uuid
 from .catalog import CRITICAL, SERF_CHECK_ID, Catalog, Check
 from .decode import SESSION_FIELDS, decode_struct
 from .errors import HTTPError
-from .gotypes import SECOND, format_duration, parse_duration
+from hvd_elastic.consul.gotypes import SECOND, format_duration, parse_duration
 from .index import RaftIndex
 from .kv import KVStore
 

@@ -18,11 +18,11 @@ import os
 import sys
 import time
 
-from hvd_elastic.config import ConsulConfig
+from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cache, fast, jobdir
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.errors import ConsulError
-from hvd_elastic.discovery.options import ConfigError, argument_type, consul_config, env, positive_float
+from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.options import ConfigError, argument_type, consul_config, env, positive_float
 
 cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
 job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")

@@ -40,11 +40,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hvd_elastic.config import ConsulConfig
+from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cachecli, fast, token_guard
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
-from hvd_elastic.discovery.options import (
+from hvd_elastic.options import (
     ConfigError,
     add_consul_arguments,
     add_service_argument,
@@ -57,7 +57,7 @@ from hvd_elastic.discovery.options import (
     positive_float,
     positive_int,
 )
-from hvd_elastic.discovery.errors import ConsulError
+from hvd_elastic.consul.errors import ConsulError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
@@ -140,13 +140,13 @@ def query_health(
     With ``--stale`` an answer whose ``X-Consul-LastContact`` exceeds
     ``--max-stale`` (or that does not say) is a retryable failure.
     """
-    from hvd_elastic.discovery.reader import check_not_hidden, get_answer  # socket, json: not on the cached path
+    from hvd_elastic.consul.client import check_not_hidden, request  # socket, json: not on the cached path
 
     query = health_query(args, options, passing=passing)
     if index > 0:
         query += [("index", str(index)), ("wait", f"{wait:g}s")]
     timeout = args.timeout if timeout is None else timeout
-    entries, headers = get_answer(config, service_path(args.service), query, timeout=timeout, retry_window=retry_window, retry=retry)
+    entries, headers = request(config, service_path(args.service), query, timeout=timeout, retry_window=retry_window, retry=retry)
     if args.stale:
         contact = headers.get("x-consul-lastcontact", "")
         if not contact.isdigit():

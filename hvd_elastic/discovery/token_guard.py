@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hvd_elastic.config import ConfigError, parse_bool
+from hvd_elastic.consul.config import ConfigError, parse_bool
 from hvd_elastic.discovery import jobdir
 
 ALLOW_ENV = "HVD_ELASTIC_ALLOW_EXPOSED_TOKEN"

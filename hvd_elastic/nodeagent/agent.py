@@ -24,7 +24,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from hvd_elastic.config import ConsulConfig
+from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.nodeagent import client as consul_client
 from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, WARNING, Probe, ProbeResult, run_probes
 

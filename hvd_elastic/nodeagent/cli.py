@@ -18,7 +18,7 @@ import sys
 
 from hvd_elastic import __version__
 from hvd_elastic.cli import stop_on_signals
-from hvd_elastic.discovery.options import (
+from hvd_elastic.options import (
     ConfigError,
     add_consul_arguments,
     add_service_argument,

@@ -24,8 +24,8 @@ import time
 from urllib.parse import quote
 
 from hvd_elastic.discovery.cli import FAILURES, explain_failure
-from hvd_elastic.discovery.options import add_consul_arguments, add_service_argument, consul_config, env
-from hvd_elastic.discovery.reader import ConsulError, check_not_hidden, get_json
+from hvd_elastic.options import add_consul_arguments, add_service_argument, consul_config, env
+from hvd_elastic.consul.client import ConsulError, check_not_hidden, get_json
 
 # A human or a Slurm epilog waits on this; retries of an unreachable agent fit inside.
 TIMEOUT_S = 5.0

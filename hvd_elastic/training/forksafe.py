@@ -69,7 +69,7 @@ only the descriptors multiprocessing passes them; no at-fork hook runs), and
 forks from C code (which run no Python at-fork hooks) are not covered.
 
 Off switch: ``HVD_ELASTIC_FORK_SAFETY=0`` (any false value of
-:func:`hvd_elastic.config.parse_bool`), read by the first :func:`install`.
+:func:`hvd_elastic.consul.config.parse_bool`), read by the first :func:`install`.
 Without Linux's ``/proc`` :func:`install` logs one warning and does nothing.
 """
 
@@ -82,7 +82,7 @@ import signal
 import sys
 import threading
 
-from hvd_elastic.config import parse_bool
+from hvd_elastic.consul.config import parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ _fork_from_main_thread = False
 def install() -> bool:
     """Register the at-fork hooks once; return whether they are active in this process.
 
-    Raises :class:`hvd_elastic.config.ConfigError` if ``HVD_ELASTIC_FORK_SAFETY``
+    Raises :class:`hvd_elastic.consul.config.ConfigError` if ``HVD_ELASTIC_FORK_SAFETY``
     holds no boolean.
     """
     global _installed, _prctl

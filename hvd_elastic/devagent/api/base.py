@@ -14,10 +14,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from hvd_elastic.config import ConfigError, parse_bool
+from hvd_elastic.consul.config import ConfigError, parse_bool
 
 from ..errors import HTTPError
-from ..gotypes import SECOND, parse_duration, parse_uint64
+from hvd_elastic.consul.gotypes import SECOND, parse_duration, parse_uint64
 from ..httpserver import Request, Response
 
 if TYPE_CHECKING:

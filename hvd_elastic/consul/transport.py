@@ -1,4 +1,4 @@
-"""One HTTP request over a socket, bounded by a deadline: the transport of discovery.
+"""One HTTP request over a socket, bounded by a deadline: the ONE transport every Consul call uses.
 
 Why not ``http.client``: importing it (and the ``email`` and ``ssl`` packages
 it pulls in) took about 40% of a discovery call's start-up, and horovodrun
@@ -8,6 +8,9 @@ Consul's JSON answers is small and fully covered here: one request with
 ``Connection: close``, a status line, headers, and a body delimited by
 ``Content-Length``, chunked transfer coding, or the end of the connection.
 ``ssl`` is imported only for ``https``.
+
+The node agent's writes (a JSON body) and doctor's reads travel the same way,
+so every command shares one set of TLS, deadline and error rules.
 
 Contract: :func:`request` returns ``(status, headers, body)`` with header names in
 lower case, or raises ``TimeoutError`` (deadline passed), ``OSError``
@@ -46,16 +49,17 @@ def remaining(deadline: float) -> float:
     return left
 
 
-def request(method: str, host: str, port: int, target: str, headers: dict[str, str], deadline: float, ssl_context=None, server_hostname: str | None = None) -> tuple[int, dict[str, str], bytes]:
-    """``method`` (GET, or a body-less PUT) ``target`` (path and query, already quoted) before ``deadline``."""
+def request(method: str, host: str, port: int, target: str, headers: dict[str, str], deadline: float, ssl_context=None,
+            server_hostname: str | None = None, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """``method`` ``target`` (path and query, already quoted) with ``body`` before ``deadline``."""
     for name, value in headers.items():
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name + value):
             raise InvalidHeader(f"header {name} contains control characters")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
-    if method != "GET":
-        lines.append("Content-Length: 0")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if method != "GET" or body:
+        lines.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
     # An ASCII host as bytes skips the idna codec's import (unicodedata, stringprep).
     dial = host.encode("ascii") if host.isascii() else host

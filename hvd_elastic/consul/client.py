@@ -1,16 +1,18 @@
-"""A small, fast, read-only Consul HTTP client with a total deadline.
+"""Consul HTTP calls with a total deadline: the one client every hvd-elastic command uses.
 
-horovodrun runs the discovery script every second and never times it out, so
-this path must start fast and finish on time.  It uses only the standard
-library (no ``requests``, whose import alone costs more than a whole discovery
-call; see :mod:`.wire` for the transport) and bounds every socket operation by
-what is left of one overall deadline.  TLS, CA, client certificate and token come from
-:class:`hvd_elastic.config.ConsulConfig`; the token travels in the
-``X-Consul-Token`` header and is never logged.
+Discovery runs every second under horovodrun, so this path must start fast and
+finish on time: it uses only the standard library (see :mod:`.transport`) and
+bounds every socket operation by what is left of one overall deadline.  The
+node agent's writes, drain, status and doctor go through the same two
+functions, so TLS (CA, client certificate, ``CONSUL_TLS_SERVER_NAME``), the
+token (``X-Consul-Token``, never logged) and the error vocabulary are the same
+everywhere.
 
-Errors are :class:`ConsulError` with a one-line message fit for stderr.
+Errors are :class:`ConsulError` with a one-line message fit for stderr:
 ``retryable`` tells whether waiting could help (unreachable, timeouts, 5xx)
-or not (403, 4xx, malformed JSON).
+or not (403, other 4xx, malformed JSON) and ``status`` holds the HTTP status
+when Consul answered.  Bad local settings (TLS files, a token with control
+characters) are :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import json
 import time
 from urllib.parse import urlencode
 
-from hvd_elastic.config import ConfigError, ConsulConfig
-from hvd_elastic.discovery import wire
-from hvd_elastic.discovery.errors import ConsulError, ConsulTimeout  # noqa: F401 (re-exported)
+from hvd_elastic.consul import transport
+from hvd_elastic.consul.config import ConfigError, ConsulConfig
+from hvd_elastic.consul.errors import ConsulError, ConsulTimeout
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from typing import Any
 
 
-def _request(config: ConsulConfig, method: str, target: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
+def _request(config: ConsulConfig, method: str, target: str, deadline: float, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
     headers = {"Accept": "application/json", "User-Agent": "hvd-elastic"}
+    if body:
+        headers["Content-Type"] = "application/json"
     if config.token:
         headers["X-Consul-Token"] = config.token
     try:
@@ -37,8 +41,8 @@ def _request(config: ConsulConfig, method: str, target: str, deadline: float) ->
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
     try:
-        return wire.request(method, config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name)
-    except wire.InvalidHeader:
+        return transport.request(method, config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name, body)
+    except transport.InvalidHeader:
         raise ConfigError("the Consul ACL token contains control characters (a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
 
@@ -48,38 +52,42 @@ def _error_text(body: bytes) -> str:
 
 
 def get_json(config: ConsulConfig, path: str, query: list[tuple[str, str]] | None = None, **how) -> Any:
-    """GET ``path`` (already URL-quoted) and decode its JSON body (None when empty).
+    """``path`` (already URL-quoted) answered, its JSON body decoded (None when empty).
 
-    Keywords as :func:`get_answer` (``timeout``, ``retry_window``, ``method``, ``retry``).
+    Keywords as :func:`request` (``method``, ``body``, ``timeout``, ``retry_window``, ``retry``).
     """
-    return get_answer(config, path, query, **how)[0]
+    return request(config, path, query, **how)[0]
 
 
-def get_answer(
+def request(
     config: ConsulConfig,
     path: str,
     query: list[tuple[str, str]] | None = None,
     *,
+    method: str = "GET",
+    body: Any = None,
     timeout: float = 0.8,
     retry_window: float = 0.0,
-    method: str = "GET",
     retry: bool = True,
 ) -> tuple[Any, dict[str, str]]:
     """(decoded JSON body or None when empty, headers with lower-case names such as ``x-consul-index``).
 
-    Each attempt may use at most ``timeout`` seconds; retryable failures are
-    retried with a short back-off until ``max(timeout, retry_window)`` seconds
-    have passed since the call began.  ``retry=False`` makes exactly one
-    attempt: a caller with its own back-off (the watcher) must hear of a
-    failure at once.  ``method="PUT"`` sends an idempotent, body-less write
-    such as maintenance mode.  Raises :class:`ConsulError`.
+    ``body``, when given, is sent as JSON (writes such as a service
+    registration).  Each attempt may use at most ``timeout`` seconds;
+    retryable failures are retried with a short back-off until
+    ``max(timeout, retry_window)`` seconds have passed since the call began,
+    so only idempotent calls (every GET and every PUT Consul's agent API has)
+    belong here.  ``retry=False`` makes exactly one attempt: a caller with its
+    own back-off (the watcher, the node agent's loop) must hear of a failure
+    at once.  Raises :class:`ConsulError` or :class:`ConfigError`.
     """
     params = list(query or [])
     if config.datacenter:
         params.append(("dc", config.datacenter))
     url = path + ("?" + urlencode(params) if params else "")
+    payload = b"" if body is None else json.dumps(body).encode()
     if not retry:
-        return _attempt(config, method, url, time.monotonic() + timeout)
+        return _attempt(config, method, url, time.monotonic() + timeout, payload)
     start = time.monotonic()
     window_end = start + max(timeout, retry_window)
     backoff = 0.05
@@ -87,7 +95,7 @@ def get_answer(
     while True:
         deadline = min(time.monotonic() + timeout, window_end)
         try:
-            return _attempt(config, method, url, deadline)
+            return _attempt(config, method, url, deadline, payload)
         except ConsulError as exc:
             if isinstance(exc, ConsulTimeout) and last is not None:
                 exc = last  # a retry cut short by the window says less than the failure that caused it
@@ -100,13 +108,13 @@ def get_answer(
         backoff = min(backoff * 2, 0.5)
 
 
-def _attempt(config: ConsulConfig, method: str, url: str, deadline: float) -> tuple[Any, dict[str, str]]:
+def _attempt(config: ConsulConfig, method: str, url: str, deadline: float, payload: bytes) -> tuple[Any, dict[str, str]]:
     where = f"Consul at {config.base_url}"
     try:
-        status, headers, body = _request(config, method, url, deadline)
+        status, headers, body = _request(config, method, url, deadline, payload)
     except TimeoutError:
         raise ConsulTimeout(f"{where} did not answer {method} {url.split('?')[0]} in time", retryable=True) from None
-    except wire.BadAnswer as exc:
+    except transport.BadAnswer as exc:
         raise ConsulError(f"{where} gave a bad answer: {exc}", retryable=exc.truncated) from None
     except OSError as exc:
         if config.scheme == "https":
@@ -151,7 +159,7 @@ def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:
     """
     try:
         status, _, _ = _request(config, "GET", "/v1/agent/self", time.monotonic() + timeout)
-    except (OSError, wire.BadAnswer):
+    except (OSError, transport.BadAnswer):
         return False
     return status == 403
 

@@ -1,6 +1,6 @@
-"""Typed configuration shared by every hvd-elastic component.
+"""Consul connection settings: the one typed place every hvd-elastic command reads them from.
 
-Consul connection settings follow the Consul ecosystem exactly: the same
+They follow the Consul ecosystem exactly: the same
 ``CONSUL_HTTP_*`` variables the ``consul`` CLI and Consul's Go API read, with
 an explicit value (a command-line flag) winning over the environment.
 
@@ -124,12 +124,6 @@ class ConsulConfig:
             ctx.load_cert_chain(self.client_cert, self.client_key)
         return ctx
 
-    def requests_verify(self) -> bool | str:
-        """The ``verify`` argument for requests-based clients such as py-consul."""
-        if not self.verify:
-            return False
-        return self.ca_file or self.ca_path or True
-
 
 def _parse_addr(raw: str) -> tuple[str, str, int]:
     text = raw.strip()
@@ -171,7 +165,11 @@ def token_file_exposure(path: str) -> str | None:
     return None
 
 
-def _read_token_file(source: str, path: str) -> str:
+def read_token_file(source: str, path: str) -> str:
+    """The token in ``path``, whitespace stripped (empty when the file is); ``source`` names the setting in errors.
+
+    Raises ConfigError when the file cannot be read; warns when other users may read it.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
@@ -181,7 +179,7 @@ def _read_token_file(source: str, path: str) -> str:
     if exposed:  # a warning, not a refusal: a group-shared token file may be a site's deliberate choice
         import logging  # only here: discovery's path stays light
 
-        logging.getLogger("hvd_elastic.config").warning("%s=%r %s", source, path, exposed)
+        logging.getLogger("hvd_elastic.consul.config").warning("%s=%r %s", source, path, exposed)
     return token
 
 
@@ -189,9 +187,9 @@ def _resolve_token(env: Mapping[str, str], token: str | None, token_file: str | 
     if token:
         return token
     if token_file:
-        return _read_token_file("--token-file", token_file) or None
+        return read_token_file("--token-file", token_file) or None
     if env.get("CONSUL_HTTP_TOKEN"):
         return env["CONSUL_HTTP_TOKEN"]
     if env.get("CONSUL_HTTP_TOKEN_FILE"):
-        return _read_token_file("CONSUL_HTTP_TOKEN_FILE", env["CONSUL_HTTP_TOKEN_FILE"]) or None
+        return read_token_file("CONSUL_HTTP_TOKEN_FILE", env["CONSUL_HTTP_TOKEN_FILE"]) or None
     return None

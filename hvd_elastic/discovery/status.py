@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from hvd_elastic.discovery import cli as discovery_cli
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.options import consul_config
+from hvd_elastic.options import consul_config
 
 COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hvd_elastic.config import ConfigError, ConsulConfig, parse_bool
+from hvd_elastic.consul.config import ConfigError, ConsulConfig, parse_bool
 
 DEFAULT_SERVICE = "horovod"
 

@@ -1,0 +1,92 @@
+"""The Consul calls hvd-elastic makes, one function each, over :mod:`.client`.
+
+Small and flat, in the manner of py-consul's endpoint modules: each function
+names the endpoint it calls, takes the typed :class:`ConsulConfig` and plain
+values, and raises :class:`ConsulError` (or :class:`ConfigError` for bad local
+settings).  Discovery's hot read of ``/v1/health/service/:name`` is built by
+discovery itself (its query flags), on the same client.
+
+Paths and shapes follow Consul's HTTP API documentation (``/v1/agent/*``,
+``/v1/status/leader``); the dev agent serves the same.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from hvd_elastic.consul import client
+from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.consul.config import ConsulConfig
+
+# A human, a node agent tick or a Slurm epilog waits on these, not horovodrun's one-second loop.
+DEFAULT_TIMEOUT_S = 5.0
+
+TTL_STATUSES = ("passing", "warning", "critical")
+
+
+def _segment(value: str) -> str:
+    """``value`` as one path segment (a service ID may hold '/' or '?')."""
+    return quote(value, safe="")
+
+
+def leader(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """``GET /v1/status/leader``: the Raft leader's address, "" while there is none."""
+    answer = client.get_json(config, "/v1/status/leader", timeout=timeout, retry=False)
+    return answer if isinstance(answer, str) else ""
+
+
+def agent_services(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+    """``GET /v1/agent/services``: {service ID: service} registered on this agent.
+
+    An empty answer to a call without a token, from an agent that denies
+    anonymous requests, is an error (ACLs hide everything), not "no services".
+    """
+    services = client.check_not_hidden(config, client.get_json(config, "/v1/agent/services", timeout=timeout), timeout)
+    if not isinstance(services, dict):
+        raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/services with something that is not an object", retryable=False)
+    return services
+
+
+def agent_checks(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+    """``GET /v1/agent/checks``: {check ID: check} registered on this agent."""
+    checks = client.get_json(config, "/v1/agent/checks", timeout=timeout)
+    if not isinstance(checks, dict):
+        raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/checks with something that is not an object", retryable=False)
+    return checks
+
+
+def register_service(config: ConsulConfig, definition: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``PUT /v1/agent/service/register`` with ``definition`` (Consul's CamelCase keys).
+
+    One attempt: the node agent's loop is the retry.
+    """
+    client.request(config, "/v1/agent/service/register", method="PUT", body=definition, timeout=timeout, retry=False)
+
+
+def deregister_service(config: ConsulConfig, service_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``PUT /v1/agent/service/deregister/:id`` (an unknown ID is no error in Consul)."""
+    client.request(config, f"/v1/agent/service/deregister/{_segment(service_id)}", method="PUT", timeout=timeout)
+
+
+def update_ttl(config: ConsulConfig, check_id: str, status: str, output: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``PUT /v1/agent/check/update/:id``: set a TTL check's status and output, restarting its TTL.
+
+    Consul answers 500 for a check it does not know as a TTL check, with a
+    text that changed across versions; :func:`has_check` is how to tell.
+    """
+    if status not in TTL_STATUSES:
+        raise ValueError(f"TTL status {status!r} is not one of {', '.join(TTL_STATUSES)}")
+    client.request(config, f"/v1/agent/check/update/{_segment(check_id)}", method="PUT",
+                   body={"Status": status, "Output": output}, timeout=timeout, retry=False)
+
+
+def has_check(config: ConsulConfig, check_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Whether this agent has the check ``check_id`` registered (``GET /v1/agent/checks``)."""
+    return check_id in agent_checks(config, timeout)
+
+
+def set_maintenance(config: ConsulConfig, service_id: str, enable: bool, reason: str | None = None,
+                    timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``PUT /v1/agent/service/maintenance/:id``: maintenance mode on (with ``reason``) or off; idempotent."""
+    query = [("enable", "true" if enable else "false")] + ([("reason", reason)] if reason else [])
+    client.request(config, f"/v1/agent/service/maintenance/{_segment(service_id)}", query, method="PUT", timeout=timeout)

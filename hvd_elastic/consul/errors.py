@@ -1,0 +1,25 @@
+"""The errors a Consul call raises, apart from the client so that importing them costs nothing.
+
+(:mod:`.client` pulls in ``socket`` and ``json``; ``hvd-elastic discover``
+answering from its cache needs neither, only the class for its ``except``.)
+"""
+
+from __future__ import annotations
+
+
+class ConsulError(RuntimeError):
+    """A Consul request failed; ``str()`` is a one-line explanation (never the token).
+
+    ``retryable``: whether asking again later may succeed.  ``status``: the
+    HTTP status when Consul answered, None when it did not (unreachable,
+    timeout, TLS failure, garbage).
+    """
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class ConsulTimeout(ConsulError):
+    """The deadline passed before Consul answered."""
