@@ -16,14 +16,10 @@ Exit codes follow the usual conventions: 0 success, 1 the operation failed,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 from hvd_elastic import __version__
 
@@ -39,27 +35,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
     "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
 }
-
-
-@contextlib.contextmanager
-def stop_on_signals(log: logging.Logger, action: str) -> Iterator[threading.Event]:
-    """An event set by SIGTERM or SIGINT, for long-running commands that stop cleanly.
-
-    The previous handlers are restored on exit, so in-process callers (tests)
-    get their own signal handling back.
-    """
-    stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        log.info("received %s; %s", signal.Signals(signum).name, action)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _load(name: str):

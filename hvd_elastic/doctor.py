@@ -10,16 +10,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
 import os
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
+from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConfigError, ConsulConfig, token_file_exposure
+from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import token_guard
 from hvd_elastic.options import argument_type
 
@@ -119,17 +118,12 @@ def check_consul(args: argparse.Namespace) -> Finding:
         cfg = ConsulConfig.from_env()
     except ConfigError as exc:
         return Finding("consul", False, str(exc), "fix the CONSUL_HTTP_* variable")
-    request = urllib.request.Request(cfg.base_url + "/v1/status/leader")
-    if cfg.token:
-        request.add_header("X-Consul-Token", cfg.token)
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout, context=cfg.ssl_context()) as response:
-            leader = json.loads(response.read() or b'""')
-    except urllib.error.HTTPError as exc:
-        return Finding("consul", False, f"{cfg.base_url} answered HTTP {exc.code}", fix)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Finding("consul", False, f"{cfg.base_url} unreachable ({reason})", fix)
+        leader = api.leader(cfg, timeout=args.timeout)
+    except ConfigError as exc:
+        return Finding("consul", False, str(exc), "fix the CONSUL_CACERT / CONSUL_CLIENT_* files")
+    except ConsulError as exc:
+        return Finding("consul", False, str(exc), fix if exc.status is None else "")
     if not leader:
         return Finding("consul", False, f"{cfg.base_url} reports no cluster leader", "wait for the Consul cluster to elect a leader")
     return Finding("consul", True, f"{cfg.base_url} leader {leader}")

@@ -1,4 +1,8 @@
-"""Command-line options shared by discovery, the node agent, drain and status.
+"""Command-line helpers every hvd-elastic command uses: argument types, env defaults, Consul flags, errors, signals.
+
+Library code takes typed values (:class:`ConsulConfig`, dataclasses of its
+own); only command modules see argparse namespaces, and they turn them into
+typed values with the helpers here.
 
 Consul connection flags carry the names of the ``consul`` CLI's own flags
 (``--http-addr``, ``--token``, ``--token-file``, ``--ca-file``,
@@ -13,8 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from hvd_elastic.consul.config import ConfigError, ConsulConfig, parse_bool
+from hvd_elastic.consul.errors import ConsulError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's full path imports this module
+if TYPE_CHECKING:
+    import logging
+    import threading
+    from collections.abc import Iterator
 
 DEFAULT_SERVICE = "horovod"
 
@@ -70,6 +82,53 @@ def add_service_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad input is ONE stderr line naming the value and what was expected (no usage block), exit 2."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = error
+
+
+#: What a command that talks to Consul expects to fail with: bad settings (exit 2) or Consul (exit 1).
+CONSUL_FAILURES = (ConfigError, ConsulError)
+
+
+def explain_failure(command: str, exc: Exception) -> int:
+    """Print ``command: <one line>`` on stderr and return the exit code: 2 for bad input, else 1."""
+    print(f"{command}: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, (ConfigError, argparse.ArgumentTypeError)) else 1
+
+
+def stop_on_signals(log: logging.Logger, action: str) -> Iterator[threading.Event]:
+    """A context manager: an event set by SIGTERM or SIGINT, for long-running commands that stop cleanly.
+
+    The previous handlers are restored on exit, so in-process callers (tests)
+    get their own signal handling back.
+    """
+    import contextlib  # here, not at the top: discovery's path never stops on signals
+    import signal
+    import threading
+
+    @contextlib.contextmanager
+    def handled() -> Iterator[threading.Event]:
+        stop = threading.Event()
+
+        def on_signal(signum, _frame):
+            log.info("received %s; %s", signal.Signals(signum).name, action)
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield stop
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    return handled()
+
+
 def consul_config(args: argparse.Namespace) -> ConsulConfig:
     """The connection settings from the flags above and the environment; raises ConfigError."""
     return ConsulConfig.from_env(
@@ -84,6 +143,7 @@ def consul_config(args: argparse.Namespace) -> ConsulConfig:
 
 
 __all__ = [
+    "CONSUL_FAILURES",
     "ConfigError",
     "DEFAULT_SERVICE",
     "add_consul_arguments",
@@ -93,7 +153,10 @@ __all__ = [
     "consul_config",
     "env",
     "env_list",
+    "explain_failure",
     "non_negative_float",
+    "one_line_errors",
     "positive_float",
     "positive_int",
+    "stop_on_signals",
 ]

@@ -81,7 +81,7 @@ def test_doctor_fails_when_consul_is_unreachable(tmp_path):
                       env={"CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
     assert out.returncode == 1
     lines = {line.split()[1]: line for line in out.stdout.splitlines()}
-    assert lines["consul"].startswith("FAIL") and "unreachable" in lines["consul"] and "fix:" in lines["consul"]
+    assert lines["consul"].startswith("FAIL") and "cannot reach Consul at" in lines["consul"] and "fix:" in lines["consul"]
     assert lines["horovod"].startswith("ok") and "PyTorch yes, Gloo yes, MPI yes" in lines["horovod"]
     assert lines["torch"].startswith("ok")
     assert "required check(s) failed: consul" in out.stderr

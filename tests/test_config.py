@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.config import ConfigError, ConsulConfig, parse_bool
+from hvd_elastic.consul.config import ConfigError, ConsulConfig, parse_bool
 
 
 def test_defaults():
@@ -65,10 +65,16 @@ def test_token_is_never_shown():
 
 def test_verify_settings():
     cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501", "CONSUL_HTTP_SSL_VERIFY": "false"})
-    assert cfg.requests_verify() is False
+    assert cfg.verify is False
     ctx = cfg.ssl_context()
     assert ctx is not None and ctx.check_hostname is False
-    assert ConsulConfig.from_env({"CONSUL_CACERT": "/ca.pem"}).requests_verify() == "/ca.pem"
+    assert ConsulConfig.from_env({"CONSUL_CACERT": "/ca.pem"}).ca_file == "/ca.pem"
+
+
+def test_unreadable_tls_files_are_a_config_error_naming_them(tmp_path):
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501", "CONSUL_CACERT": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match="cannot load the TLS files"):
+        cfg.ssl_context()
 
 
 @pytest.mark.parametrize("text, value", [("1", True), ("T", True), ("True", True), ("0", False), ("F", False)])

@@ -36,10 +36,7 @@ def _request(config: ConsulConfig, method: str, target: str, deadline: float, bo
         headers["Content-Type"] = "application/json"
     if config.token:
         headers["X-Consul-Token"] = config.token
-    try:
-        ssl_context = config.ssl_context()
-    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
+    ssl_context = config.ssl_context()
     try:
         return transport.request(method, config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name, body)
     except transport.InvalidHeader:

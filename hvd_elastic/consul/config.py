@@ -111,17 +111,23 @@ class ConsulConfig:
         return cfg
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """An SSL context for https, honouring CA, client certificate and verify settings."""
+        """An SSL context for https, honouring CA, client certificate and verify settings.
+
+        Raises ConfigError when the CA or client certificate files cannot be loaded.
+        """
         if self.scheme != "https":
             return None
         import ssl  # only here: plain-http discovery never pays for importing it
 
-        ctx = ssl.create_default_context(cafile=self.ca_file, capath=self.ca_path)
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file, capath=self.ca_path)
+            if self.client_cert:
+                ctx.load_cert_chain(self.client_cert, self.client_key)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-        if self.client_cert:
-            ctx.load_cert_chain(self.client_cert, self.client_key)
         return ctx
 
 

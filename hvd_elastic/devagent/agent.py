@@ -15,6 +15,8 @@ import ipaddress
 import logging
 import time
 
+from hvd_elastic.consul.gotypes import format_duration
+
 from . import checks as checks_mod
 from .catalog import (
     CRITICAL,
@@ -28,7 +30,6 @@ from .catalog import (
 )
 from .decode import decode_service
 from .errors import HTTPError
-from hvd_elastic.consul.gotypes import format_duration
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from .catalog import CRITICAL, PASSING, WARNING
 from hvd_elastic.consul.gotypes import SECOND
+
+from .catalog import CRITICAL, PASSING, WARNING
 
 MIN_INTERVAL_NS = 1 * SECOND
 DEFAULT_TIMEOUT_NS = 10 * SECOND

@@ -82,7 +82,7 @@ def write_ready_file(path: str, addresses: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hvd_elastic.cli import stop_on_signals
+    from hvd_elastic.options import stop_on_signals
 
     from .cluster import DevCluster
 

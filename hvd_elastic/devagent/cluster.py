@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import http.client
-import json
 import logging
 import re
 import ssl
 import threading
 import time
 
+from hvd_elastic.consul import api
+from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.consul.gotypes import SECOND
+
 from .agent import LocalAgent, ReaperSettings
 from .api.base import ResponseCache
 from .api.dispatch import dispatch
 from .catalog import Catalog
-from hvd_elastic.consul.gotypes import SECOND
 from .httpserver import HTTPServer
 from .index import RaftIndex
 from .kv import KVStore
@@ -259,25 +261,14 @@ class DevCluster:
 
     def _wait_for_leader(self, node: str, deadline: float) -> None:
         host, port = self.addr(node).rsplit(":", 1)
-        host = host.strip("[]")
+        # Asked the way every client asks (hvd_elastic.consul); the dev certificate is self-signed.
+        config = ConsulConfig(host=host.strip("[]"), port=int(port), scheme="https" if self.tls else "http", verify=False)
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                if self.tls:
-                    conn = http.client.HTTPSConnection(
-                        host, int(port), timeout=5, context=ssl._create_unverified_context()
-                    )
-                else:
-                    conn = http.client.HTTPConnection(host, int(port), timeout=5)
-                try:
-                    conn.request("GET", "/v1/status/leader")
-                    response = conn.getresponse()
-                    leader = json.loads(response.read() or b'""')
-                finally:
-                    conn.close()
-                if response.status == 200 and leader:
+                if api.leader(config, timeout=5.0):
                     return
-            except (OSError, ValueError) as exc:
+            except ConsulError as exc:
                 last_error = exc
             time.sleep(0.05)
         raise TimeoutError(f"node {node} did not answer /v1/status/leader: {last_error}")

@@ -15,10 +15,11 @@ import asyncio
 import dataclasses
 import uuid
 
+from hvd_elastic.consul.gotypes import SECOND, format_duration, parse_duration
+
 from .catalog import CRITICAL, SERF_CHECK_ID, Catalog, Check
 from .decode import SESSION_FIELDS, decode_struct
 from .errors import HTTPError
-from hvd_elastic.consul.gotypes import SECOND, format_duration, parse_duration
 from .index import RaftIndex
 from .kv import KVStore
 

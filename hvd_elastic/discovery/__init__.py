@@ -1,16 +1,17 @@
 """Consul-backed host discovery for ``horovodrun --host-discovery-script``.
 
 Kept import-light on purpose: horovodrun runs discovery every second, so
-nothing here may import torch, horovod or requests.
+nothing here may import torch, horovod or any third-party HTTP client.
+It talks to Consul through :mod:`hvd_elastic.consul`, as every command does.
 
 * :mod:`.hosts` -- pure rules: health entries to validated, merged host lines.
-* :mod:`.reader` -- stdlib Consul HTTP reader with a total deadline (its error: :mod:`.errors`).
+* :mod:`.query` -- the typed health query of the service and the one call that reads it.
 * :mod:`.jobdir` -- which horovodrun job a call belongs to, and its private directory.
 * :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
 * :mod:`.cache` -- the host cache file: format, integrity and freshness.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
 * :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
 * :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
-* :mod:`.options` -- flags shared with the node agent, drain and status.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
+* :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
 """

@@ -49,14 +49,18 @@ WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a lar
 WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
 
 
-def watch_fetch(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options):
-    """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time)."""
-    from hvd_elastic.discovery import cli  # cli imports this module
+def watch_fetch(config: ConsulConfig, query, options: hostlib.Options, wait: float, plain_timeout: float):
+    """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time).
+
+    ``query`` is the :class:`~hvd_elastic.discovery.query.HealthQuery`; a
+    blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
+    ``plain_timeout``.
+    """
+    from hvd_elastic.discovery.query import read_health
 
     def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
-        wait = args.watch_wait
-        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(args.timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        entries, headers = cli.query_health(args, config, options, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
+        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
+        entries, headers = read_health(config, query, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
         answered = time.monotonic()
         raw_index = headers.get("x-consul-index", "")
         if not raw_index.isdigit():
@@ -147,5 +151,6 @@ def run_watch(args: argparse.Namespace) -> int:
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
-    return watch.run(args.cache_file, key, watch_fetch(args, config, options), cli.FAILURES, job=args.job,
+    fetch = watch_fetch(config, cli.health_query(args, options), options, args.watch_wait, args.timeout)
+    return watch.run(args.cache_file, key, fetch, cli.FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode)

@@ -41,6 +41,7 @@ import argparse
 import sys
 
 from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import cachecli, fast, token_guard
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
@@ -54,14 +55,15 @@ from hvd_elastic.options import (
     env,
     env_list,
     non_negative_float,
+    one_line_errors,
     positive_float,
     positive_int,
 )
-from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.options import explain_failure as _explain
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
-    from typing import Any
+    from hvd_elastic.discovery.query import HealthQuery
 
 _NAMINGS = [n.value for n in hostlib.HostNaming]
 host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
@@ -85,15 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cachecli.add_cache_arguments(parser)
 
 
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Bad input is ONE stderr line naming the value and what was expected (no usage block), exit 2."""
-
-    def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-    parser.error = error
-
-
 def options_from_args(args: argparse.Namespace) -> hostlib.Options:
     """Discovery options from parsed flags (with their environment fallbacks)."""
     tags = args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")
@@ -108,62 +101,26 @@ def options_from_args(args: argparse.Namespace) -> hostlib.Options:
     )
 
 
-def health_query(args: argparse.Namespace, options: hostlib.Options, *, passing: bool) -> list[tuple[str, str]]:
-    """Query parameters of ``/v1/health/service/:name`` for these options."""
-    query = [("passing", "1")] if passing else []
-    query += [("tag", tag) for tag in options.tags]
-    if args.filter:
-        query.append(("filter", args.filter))
-    if args.stale:
-        query.append(("stale", ""))
-    return query
+def health_query(args: argparse.Namespace, options: hostlib.Options) -> HealthQuery:
+    """The typed health query these flags ask for."""
+    from hvd_elastic.discovery.query import HealthQuery  # socket, json: not on the cached path
+
+    return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale, max_stale=args.max_stale)
 
 
-def service_path(service: str) -> str:
-    """The health endpoint of a service, its name quoted as one path segment."""
-    from urllib.parse import quote
+def discover(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, *, timeout: float,
+             first_call_retry: float) -> tuple[list[tuple[str, int]], list[hostlib.Decision]]:
+    """(host lines, every decision): ask Consul and decide.  Raises ConsulError, MalformedResponse or ConfigError.
 
-    return f"/v1/health/service/{quote(service, safe='')}"
-
-
-def fetch_health(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options, *, passing: bool, retry_window: float = 0.0) -> Any:
-    """The raw health entries of the service; raises ConsulError."""
-    return query_health(args, config, options, passing=passing, retry_window=retry_window)[0]
-
-
-def query_health(
-    args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options, *, passing: bool,
-    retry_window: float = 0.0, index: int = 0, wait: float = 0.0, timeout: float | None = None, retry: bool = True,
-) -> tuple[Any, dict[str, str]]:
-    """(raw health entries, answer headers); a blocking read with ``index`` > 0.  Raises ConsulError.
-
-    With ``--stale`` an answer whose ``X-Consul-LastContact`` exceeds
-    ``--max-stale`` (or that does not say) is a retryable failure.
+    A job's first call may keep retrying for ``first_call_retry`` seconds; a later one takes at most ``timeout``.
     """
-    from hvd_elastic.consul.client import check_not_hidden, request  # socket, json: not on the cached path
+    from hvd_elastic.discovery.query import read_health
 
-    query = health_query(args, options, passing=passing)
-    if index > 0:
-        query += [("index", str(index)), ("wait", f"{wait:g}s")]
-    timeout = args.timeout if timeout is None else timeout
-    entries, headers = request(config, service_path(args.service), query, timeout=timeout, retry_window=retry_window, retry=retry)
-    if args.stale:
-        contact = headers.get("x-consul-lastcontact", "")
-        if not contact.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} gave a ?stale answer without X-Consul-LastContact", retryable=True)
-        if int(contact) > args.max_stale * 1000:
-            raise ConsulError(f"Consul at {config.base_url} answered from a server {int(contact) / 1000:g} s behind its leader (--max-stale {args.max_stale:g})", retryable=True)
-    return check_not_hidden(config, entries, timeout), headers
-
-
-def discover(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> tuple[list[tuple[str, int]], list[hostlib.Decision]]:
-    """Ask Consul and decide; raises ConsulError, MalformedResponse or ConfigError."""
-    first_call = FirstCall(args.service)
-    retry_window = args.first_call_retry if first_call.is_first else 0.0
+    first_call = FirstCall(query.service)
+    retry_window = first_call_retry if first_call.is_first else 0.0
     # The first call may take the whole window anyway: one slow answer (a large
     # service, a loaded Consul) must not fail every attempt at --timeout.
-    timeout = max(args.timeout, retry_window)
-    entries = query_health(args, config, options, passing=True, retry_window=retry_window, timeout=timeout)[0]
+    entries = read_health(config, query, passing=True, retry_window=retry_window, timeout=max(timeout, retry_window))[0]
     decisions = hostlib.evaluate(entries, options)
     first_call.record_success()
     return hostlib.merge(decisions), decisions
@@ -186,10 +143,8 @@ FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
 def explain_failure(command: str, service: str, exc: Exception) -> int:
     """Print one stderr line for a failure in FAILURES and return the exit code."""
     if isinstance(exc, hostlib.MalformedResponse):
-        print(f"{command}: Consul's answer for service {service!r} is malformed: {exc}", file=sys.stderr)
-    else:
-        print(f"{command}: {exc}", file=sys.stderr)
-    return 2 if isinstance(exc, ConfigError) else 1
+        exc = hostlib.MalformedResponse(f"Consul's answer for service {service!r} is malformed: {exc}")
+    return _explain(command, exc)
 
 
 def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
@@ -210,7 +165,8 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
         if rec is not None:
             return fast.emit(rec)
     try:
-        found, decisions = discover(args, config, options)
+        found, decisions = discover(config, health_query(args, options), options, timeout=args.timeout,
+                                    first_call_retry=args.first_call_retry)
     except FAILURES as exc:
         code = explain_failure("discover", args.service, exc)
         if code == 1:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from hvd_elastic.discovery import cli as discovery_cli
 from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery.query import read_health
 from hvd_elastic.options import consul_config
 
 COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = consul_config(args)
         options = discovery_cli.options_from_args(args)
-        entries = discovery_cli.fetch_health(args, config, options, passing=False)
+        entries = read_health(config, discovery_cli.health_query(args, options), passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
     except discovery_cli.FAILURES as exc:
         return discovery_cli.explain_failure("status", args.service, exc)

@@ -154,7 +154,7 @@ def try_lock(path: str) -> int | None:
 def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[int, str] | None,
         max_age: float, mode: int = 0o600) -> int:
     """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0."""
-    from hvd_elastic.cli import stop_on_signals  # the watcher's own process: start-up cost does not matter
+    from hvd_elastic.options import stop_on_signals  # the watcher's own process: start-up cost does not matter
 
     lock_path = path + ".lock"
     lock = try_lock(lock_path)

@@ -1,8 +1,10 @@
 """Node-side tools: the node agent that registers a training node in Consul and
-keeps its TTL check honest, drain/undrain (maintenance mode) and status.
+keeps its TTL check honest, and drain/undrain (maintenance mode).
+
+They talk to Consul only through :mod:`hvd_elastic.consul` and parse flags with
+:mod:`hvd_elastic.options`; nothing here imports discovery.
 
 * :mod:`.probes` -- pluggable local health probes and GPU detection.
-* :mod:`.client` -- py-consul configured from ConsulConfig (explicit token wins).
 * :mod:`.agent` -- the registration and TTL loop.
-* :mod:`.cli`, :mod:`.drain`, :mod:`.status` -- the subcommands.
+* :mod:`.cli`, :mod:`.drain` -- the subcommands.
 """

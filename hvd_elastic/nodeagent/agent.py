@@ -9,8 +9,10 @@ Contract:
   and reports the result through the TTL check (pass/warn/fail, reason in the
   check's Output).  If the agent stops (process killed, node frozen) the TTL
   expires and Consul marks the node critical: horovodrun drops it.
-* If Consul no longer knows the check (its agent restarted and lost its state:
-  ``does not have associated TTL``) the service is registered again.
+* If Consul no longer knows the check (its agent restarted and lost its
+  state) the service is registered again.  Consul says so only as a 500 whose
+  text changed across versions, so a refused update is followed by a look at
+  ``GET /v1/agent/checks``: the check missing there is the signal, not the text.
 * Health transitions and Consul reachability changes are logged once each.
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
   and SIGINT).  Maintenance mode (``hvd-elastic drain``) is a separate check the
@@ -24,9 +26,10 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.nodeagent import client as consul_client
-from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, WARNING, Probe, ProbeResult, run_probes
+from hvd_elastic.consul import api
+from hvd_elastic.consul.config import ConfigError, ConsulConfig
+from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, Probe, ProbeResult, run_probes
 
 log = logging.getLogger("hvd_elastic.nodeagent")
 
@@ -60,6 +63,16 @@ class Registration:
             "DeregisterCriticalServiceAfter": self.deregister_after,
         }
 
+    def service_definition(self, status: str) -> dict:
+        """The body of ``PUT /v1/agent/service/register``, its check starting at ``status``."""
+        body: dict = {"Name": self.service, "ID": self.service_id, "Tags": list(self.tags), "Meta": dict(self.meta),
+                      "Check": self.check_definition(status)}
+        if self.address is not None:
+            body["Address"] = self.address
+        if self.port is not None:
+            body["Port"] = self.port
+        return body
+
 
 class NodeAgent:
     """Registers one service instance and reports probe results through its TTL check."""
@@ -69,7 +82,7 @@ class NodeAgent:
         self.registration = registration
         self.probes = list(probes)
         self.interval = interval
-        self.client = consul_client.connect(config, timeout=max(1.0, min(5.0, interval)))
+        self.timeout = max(1.0, min(api.DEFAULT_TIMEOUT_S, interval))  # a call never outlasts a tick
         self.registered = False
         self._last_status: str | None = None
         self._consul_ok: bool | None = None
@@ -78,39 +91,33 @@ class NodeAgent:
 
     def register(self, result: ProbeResult) -> None:
         reg = self.registration
-        self.client.agent.service.register(
-            reg.service,
-            service_id=reg.service_id,
-            address=reg.address,
-            port=reg.port,
-            tags=list(reg.tags),
-            meta=reg.meta,
-            check=reg.check_definition(result.status),
-        )
+        api.register_service(self.config, reg.service_definition(result.status), self.timeout)
         self.registered = True
         log.info("registered service %r (id %r, slots %s) in %s", reg.service, reg.service_id, reg.meta.get("slots"), self.config.base_url)
 
     def report(self, result: ProbeResult) -> bool:
         """Send one TTL update; False when Consul does not know the check any more."""
-        ttl = self.client.agent.check
-        send = {PASSING: ttl.ttl_pass, WARNING: ttl.ttl_warn}.get(result.status, ttl.ttl_fail)
+        check_id = self.registration.check_id
         try:
-            return bool(send(self.registration.check_id, notes=result.output[:MAX_OUTPUT]))
-        except consul_client.consul.ConsulException as exc:
-            if "does not have associated TTL" in str(exc) or "nknown check" in str(exc):
-                return False
-            raise
+            api.update_ttl(self.config, check_id, result.status, result.output[:MAX_OUTPUT], self.timeout)
+            return True
+        except ConsulError as exc:
+            if exc.status is None:  # Consul did not answer: nothing is known about the check
+                raise
+            if api.has_check(self.config, check_id, self.timeout):
+                raise  # refused for another reason (ACLs, a server error): say so, keep the registration
+            return False
 
     def close(self) -> None:
         """Deregister the service (and its check); errors are logged, not raised."""
         if not self.registered:
             return
         try:
-            self.client.agent.service.deregister(self.registration.service_id)
+            api.deregister_service(self.config, self.registration.service_id, self.timeout)
             self.registered = False
             log.info("deregistered service id %r", self.registration.service_id)
-        except consul_client.ERRORS as exc:
-            log.warning("could not deregister service id %r: %s", self.registration.service_id, consul_client.describe(exc, self.config))
+        except (ConsulError, ConfigError) as exc:
+            log.warning("could not deregister service id %r: %s", self.registration.service_id, exc)
 
     # -- the loop -----------------------------------------------------------
 
@@ -125,7 +132,7 @@ class NodeAgent:
                 self.register(result)
                 self.report(result)
             self._note_consul(None)
-        except consul_client.ERRORS as exc:
+        except (ConsulError, ConfigError) as exc:
             self._note_consul(exc)
         return result
 
@@ -151,7 +158,7 @@ class NodeAgent:
             if ok:
                 log.info("Consul agent at %s reachable", self.config.base_url)
             else:
-                log.warning("%s; retrying every %.1f s", consul_client.describe(exc, self.config), self.interval)
+                log.warning("%s; retrying every %.1f s", exc, self.interval)
             self._consul_ok = ok
 
 

@@ -17,9 +17,8 @@ import socket
 import sys
 
 from hvd_elastic import __version__
-from hvd_elastic.cli import stop_on_signals
+from hvd_elastic.consul.gotypes import MINUTE, format_duration, parse_duration
 from hvd_elastic.options import (
-    ConfigError,
     add_consul_arguments,
     add_service_argument,
     consul_config,
@@ -27,6 +26,7 @@ from hvd_elastic.options import (
     env_list,
     positive_float,
     positive_int,
+    stop_on_signals,
 )
 
 log = logging.getLogger("hvd_elastic.nodeagent")
@@ -34,7 +34,6 @@ log = logging.getLogger("hvd_elastic.nodeagent")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _META_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
-_DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+\Z")
 
 
 def byte_size(text: str) -> int:
@@ -45,10 +44,15 @@ def byte_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-def go_duration(text: str) -> str:
-    if not _DURATION.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (expected e.g. 90s, 10m, 1h)")
-    return text
+def deregister_after(text: str) -> str:
+    """A Go duration of at least a minute (Consul's floor for DeregisterCriticalServiceAfter), as Consul prints it."""
+    try:
+        ns = parse_duration(text)
+    except ValueError:
+        ns = None
+    if ns is None or ns < MINUTE:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration of at least 1m (expected e.g. 90s, 10m, 1h)")
+    return format_duration(ns)
 
 
 def meta_item(text: str) -> tuple[str, str]:
@@ -69,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"), help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
     parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"), help="TTL of the health check in seconds: a node silent this long turns critical (env HVD_ELASTIC_TTL; default %(default)s)")
     parser.add_argument("--interval", type=positive_float, default=None, help="seconds between probes and TTL updates (default a third of --ttl)")
-    parser.add_argument("--deregister-after", type=go_duration, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"), help="Consul removes the service after it stayed critical this long (min 1m; default %(default)s)")
+    parser.add_argument("--deregister-after", type=deregister_after, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"), help="Consul removes the service after it stayed critical this long (min 1m; default %(default)s)")
     parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY", help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; default gpus,memory,disk)")
     parser.add_argument("--min-free-memory", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_MEMORY", "1G"), help="memory probe threshold (env HVD_ELASTIC_MIN_FREE_MEMORY; default %(default)s)")
     parser.add_argument("--min-free-disk", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_DISK", "1G"), help="disk probe threshold on --checkpoint-path (env HVD_ELASTIC_MIN_FREE_DISK; default %(default)s)")
@@ -85,6 +89,7 @@ def build_agent(args: argparse.Namespace):
     from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
 
     config = consul_config(args)
+    config.ssl_context()  # unreadable TLS files: exit 2 now, not a warning every tick
     gpus = query_gpus()
     slots = args.slots or gpus.count or args.cpu_slots
     meta = {
@@ -124,7 +129,7 @@ def build_agent(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     try:
         agent = build_agent(args)
-    except (ConfigError, ValueError) as exc:
+    except ValueError as exc:  # ConfigError included: bad flags, environment or TLS files
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
     with stop_on_signals(log, "deregistering and exiting") as stop:

@@ -8,10 +8,10 @@ survivors continue from memory without a rollback.  Undrain lifts it.  Both
 are idempotent.  The node agent keeps running meanwhile and never clears
 maintenance itself.
 
-It talks to the agent with the same small stdlib client as discovery (no
-py-consul/requests import: drain sits on the path from "node must leave" to
-"job trains without it").  Exit codes: 0 done, 1 Consul failed or no such
-service on this agent, 2 bad input.
+It talks to the agent through :mod:`hvd_elastic.consul.api`, the stdlib client
+discovery uses (drain sits on the path from "node must leave" to "job trains
+without it", so it starts fast).  Exit codes: 0 done, 1 Consul failed or no
+such service on this agent, 2 bad input.
 """
 
 from __future__ import annotations
@@ -19,16 +19,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
-import sys
 import time
-from urllib.parse import quote
 
-from hvd_elastic.discovery.cli import FAILURES, explain_failure
-from hvd_elastic.options import add_consul_arguments, add_service_argument, consul_config, env
-from hvd_elastic.consul.client import ConsulError, check_not_hidden, get_json
-
-# A human or a Slurm epilog waits on this; retries of an unreachable agent fit inside.
-TIMEOUT_S = 5.0
+from hvd_elastic.consul import api
+from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.options import CONSUL_FAILURES, add_consul_arguments, add_service_argument, consul_config, env, explain_failure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,27 +42,35 @@ def _default_reason() -> str:
     return f"drained by {user}@{socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}"
 
 
+class NotRegistered(LookupError):
+    """The service (or service ID) to drain is not registered on this agent."""
+
+
+def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, enable: bool, reason: str | None) -> list[str]:
+    """Maintenance on (``enable``) or off for ``service_id``, or every instance of ``service`` on this agent.
+
+    Returns the service IDs changed.  Raises NotRegistered, ConsulError or ConfigError.
+    """
+    services = api.agent_services(config)
+    instances = sorted(sid for sid, info in services.items() if isinstance(info, dict) and info.get("Service") == service)
+    targets = [service_id] if service_id else instances
+    missing = [sid for sid in targets if sid not in instances]
+    if not targets or missing:
+        what = f"service id {missing[0]!r} of service {service!r} is not" if missing else f"no instance of service {service!r} is"
+        raise NotRegistered(f"{what} registered on the Consul agent at {config.base_url}")
+    for sid in targets:
+        api.set_maintenance(config, sid, enable, reason)
+    return targets
+
+
 def run(args: argparse.Namespace) -> int:
     enable = args.command == "drain"
     verb = "drain" if enable else "undrain"
     reason = (getattr(args, "reason", None) or _default_reason()) if enable else None
     try:
-        config = consul_config(args)
-        services = check_not_hidden(config, get_json(config, "/v1/agent/services", timeout=TIMEOUT_S), TIMEOUT_S)
-        if not isinstance(services, dict):
-            raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/services with something that is not an object", retryable=False)
-        instances = sorted(sid for sid, info in services.items() if isinstance(info, dict) and info.get("Service") == args.service)
-        targets = [args.service_id] if args.service_id else instances
-        missing = [sid for sid in targets if sid not in instances]
-        if not targets or missing:
-            what = f"service id {missing[0]!r} of service {args.service!r} is not" if missing else f"no instance of service {args.service!r} is"
-            print(f"{verb}: {what} registered on the Consul agent at {config.base_url}", file=sys.stderr)
-            return 1
-        for sid in targets:
-            query = [("enable", "true" if enable else "false")] + ([("reason", reason)] if reason else [])
-            get_json(config, f"/v1/agent/service/maintenance/{quote(sid, safe='')}", query, timeout=TIMEOUT_S, method="PUT")
-    except FAILURES as exc:
-        return explain_failure(verb, args.service, exc)
+        targets = set_maintenance(consul_config(args), args.service, args.service_id, enable, reason)
+    except CONSUL_FAILURES + (NotRegistered,) as exc:
+        return explain_failure(verb, exc)
     state = f"in maintenance ({reason})" if enable else "out of maintenance"
     for sid in targets:
         print(f"{sid}: {state}")

@@ -10,7 +10,7 @@ import pytest
 
 from hvd_elastic.discovery import cache, fast, jobdir, watch
 from hvd_elastic.discovery.hosts import evaluate
-from hvd_elastic.discovery.reader import ConsulError
+from hvd_elastic.consul.client import ConsulError
 
 ME = (os.getpid(), jobdir.proc_stat(os.getpid())[1])
 

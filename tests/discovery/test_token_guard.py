@@ -20,7 +20,7 @@ import pytest
 from consul_testing import clean_env, consul_request, register, run_discovery
 
 from hvd_elastic import doctor
-from hvd_elastic.config import ConfigError
+from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.devagent import DevCluster
 from hvd_elastic.discovery import token_guard
 from hvd_elastic.testbed import HVD_ELASTIC, child_env, start_node_agent, wait_until

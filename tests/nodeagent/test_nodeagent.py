@@ -109,10 +109,10 @@ def test_ttl_expires_when_the_agent_stops_and_it_reregisters_after_state_loss(cl
 
     # The Consul agent itself dies and returns: logged once each way, then healthy again.
     cluster.stop_node("127.0.0.1")
-    wait_until("the outage to be logged", lambda: "cannot reach Consul agent" in agent.read_log(), WAIT)
+    wait_until("the outage to be logged", lambda: "cannot reach Consul at" in agent.read_log(), WAIT)
     cluster.start_node("127.0.0.1")
     wait_until("recovery after the agent restart", lambda: run_discovery(env).stdout == "127.0.0.1:1\n", WAIT)
-    assert agent.read_log().count("cannot reach Consul agent") == 1
+    assert agent.read_log().count("cannot reach Consul at") == 1
 
 
 def test_drain_undrain_and_status(cluster, node_agents, tmp_path):
@@ -217,7 +217,7 @@ def test_agent_started_before_consul_registers_once_consul_is_up(cluster, node_a
     addr = cluster.addr("127.0.0.1")
     cluster.stop_node("127.0.0.1")
     agent = node_agents.start(addr, "--slots", "2", "--ttl", "3", "--interval", "0.3")
-    wait_until("the agent to notice Consul is down", lambda: "cannot reach Consul agent" in agent.read_log(), WAIT)
+    wait_until("the agent to notice Consul is down", lambda: "cannot reach Consul at" in agent.read_log(), WAIT)
     assert agent.running()  # waiting, not dead
     cluster.start_node("127.0.0.1")
     env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=addr)

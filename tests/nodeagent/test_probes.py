@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hvd_elastic.nodeagent.cli import byte_size, go_duration, meta_item
+from hvd_elastic.nodeagent.cli import byte_size, deregister_after, meta_item
 from hvd_elastic.nodeagent.probes import (
     CRITICAL,
     PASSING,
@@ -99,9 +99,11 @@ def test_byte_size_rejects(bad):
 
 
 def test_duration_and_meta_parsing():
-    assert go_duration("1m30s") == "1m30s"
-    with pytest.raises(argparse.ArgumentTypeError):
-        go_duration("10 minutes")
+    assert deregister_after("1m30s") == "1m30s"
+    assert deregister_after("90s") == "1m30s" and deregister_after("1h") == "1h0m0s"  # as Consul prints it
+    for bad in ("10 minutes", "30s", "59.9s", "-5m", ""):  # not a Go duration, or under Consul's 1m floor
+        with pytest.raises(argparse.ArgumentTypeError, match="at least 1m"):
+            deregister_after(bad)
     assert meta_item("rack=r7") == ("rack", "r7") and meta_item("empty=") == ("empty", "")
     for bad in ("novalue", "bad key=1", "k=" + "x" * 513):
         with pytest.raises(argparse.ArgumentTypeError):

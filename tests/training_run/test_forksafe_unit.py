@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_elastic.config import ConfigError
+from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.testbed import child_env
 from hvd_elastic.training import forksafe
 

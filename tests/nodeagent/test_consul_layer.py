@@ -1,0 +1,171 @@
+"""The one Consul client layer as every command meets it: TLS server name, lost checks, structure."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import re
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.devagent import DevCluster
+from hvd_elastic.nodeagent.agent import NodeAgent, Registration
+from hvd_elastic.nodeagent.probes import PASSING, Probe, ProbeResult
+from hvd_elastic.testbed import HVD_ELASTIC, REPO, child_env, start_node_agent, wait_until
+from hvd_elastic.testbed.consul import run_discovery, self_signed_cert
+
+WAIT = 30.0  # seconds any one wait may take: a hang guard, not a speed bound
+PACKAGE = REPO / "hvd_elastic"
+
+
+def hvd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HVD_ELASTIC), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_every_command_honours_consul_tls_server_name(tmp_path):
+    # The certificate names 127.0.0.1 only; the address says localhost.  Each command must check the
+    # certificate against CONSUL_TLS_SERVER_NAME, as the consul CLI does, and fail without it.
+    cert, key = self_signed_cert(tmp_path)
+    with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
+        port = secured.addr("localhost").rsplit(":", 1)[1]
+        env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=f"https://localhost:{port}", CONSUL_CACERT=str(cert))
+        named = dict(env, CONSUL_TLS_SERVER_NAME="127.0.0.1")
+
+        unnamed = hvd(env, "drain")
+        assert unnamed.returncode == 1 and "TLS with Consul at" in unnamed.stderr, unnamed.stderr
+        agent = start_node_agent("--probe", "memory", "--min-free-memory", "1K", "--slots", "2", "--interval", "0.3",
+                                 env=named, logdir=tmp_path, name="agent")
+        try:
+            wait_until("registration over https by server name", lambda: run_discovery(named).stdout == "localhost:2\n", WAIT)
+            assert run_discovery(env).returncode == 1
+            drained = hvd(named, "drain")
+            assert drained.returncode == 0, drained.stderr
+            assert "maintenance" in hvd(named, "status").stdout
+            assert hvd(named, "undrain").returncode == 0
+            doctor = {line.split()[1]: line for line in hvd(named, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
+            assert doctor["consul"].startswith("ok"), doctor["consul"]
+            doctor = {line.split()[1]: line for line in hvd(env, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
+            assert doctor["consul"].startswith("FAIL") and "TLS with Consul at" in doctor["consul"], doctor["consul"]
+        finally:
+            agent.kill()
+
+
+class ScriptedAgent:
+    """A Consul agent's HTTP API reduced to what the node agent calls, with a TTL update that fails.
+
+    ``update_error`` is the text of the 500 every TTL write (``PUT /v1/agent/check/...``) gets;
+    ``knows_check`` decides whether ``GET /v1/agent/checks`` still lists the check.
+    """
+
+    def __init__(self, update_error: str, knows_check: bool):
+        self.calls: list[str] = []
+        self.knows_check = knows_check
+        scripted = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PUT(self):  # noqa: N802 - http.server naming
+                scripted.calls.append(f"PUT {self.path}")
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path.startswith("/v1/agent/check/"):  # update, pass, warn, fail: any TTL write
+                    self.answer(500, update_error.encode())
+                else:
+                    self.answer(200, b"")
+
+            def do_GET(self):  # noqa: N802
+                scripted.calls.append(f"GET {self.path}")
+                checks = {"service:horovod": {"CheckID": "service:horovod", "Status": "passing"}} if scripted.knows_check else {}
+                self.answer(200, json.dumps(checks).encode())
+
+            def answer(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedAgent:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def config(self) -> ConsulConfig:
+        return ConsulConfig(host="127.0.0.1", port=self.server.server_address[1])
+
+
+class Healthy(Probe):
+    name = "healthy"
+
+    def check(self) -> ProbeResult:
+        return ProbeResult(PASSING, "ok")
+
+
+def _agent(config: ConsulConfig) -> NodeAgent:
+    registration = Registration(service="horovod", service_id="horovod", meta={"slots": "1"}, ttl=3.0)
+    return NodeAgent(config, registration, probes=[Healthy()], interval=1.0)
+
+
+@pytest.mark.parametrize("text", [
+    'CheckID "service:horovod" does not have associated TTL',  # Consul 1.x
+    "CheckID does not have associated TTL",  # Consul before 1.0: no ID in the text
+    "Unknown check ID",  # any other wording
+])
+def test_lost_check_is_found_by_listing_the_agents_checks_whatever_the_error_text(text):
+    with ScriptedAgent(update_error=text, knows_check=False) as consul:
+        agent = _agent(consul.config)
+        agent.register(ProbeResult(PASSING, "ok"))
+        assert agent.report(ProbeResult(PASSING, "ok")) is False  # so tick() registers again
+        assert "GET /v1/agent/checks" in consul.calls
+
+
+def test_a_refused_update_of_a_known_check_is_an_error_not_a_reregistration(caplog):
+    with ScriptedAgent(update_error="rpc error: No cluster leader", knows_check=True) as consul:
+        agent = _agent(consul.config)
+        with caplog.at_level(logging.WARNING, logger="hvd_elastic.nodeagent"):
+            agent.tick()
+        registrations = [call for call in consul.calls if call.startswith("PUT /v1/agent/service/register")]
+        assert len(registrations) == 1  # the first one only
+        assert "No cluster leader" in caplog.text
+
+
+def _imports(path: Path) -> list[str]:
+    return re.findall(r"^\s*(?:from|import)\s+([\w.]+)", path.read_text(), re.MULTILINE)
+
+
+def test_the_node_agent_imports_no_discovery_internals():
+    found = {str(p.relative_to(PACKAGE)): m for p in (PACKAGE / "nodeagent").glob("*.py")
+             for m in _imports(p) if m.startswith("hvd_elastic.discovery")}
+    assert found == {}
+
+
+# The Consul client side has ONE transport; the dev agent's own server and its HTTP health checks
+# (Consul calling a user's service) are not Consul clients, and the test bed's request helper is
+# deliberately an independent client (http.client), the oracle tests check our layer against.
+CLIENT_MODULES = {"http.client", "urllib.request", "requests", "consul", "httpx", "aiohttp"}
+NOT_CLIENTS = {"devagent/checks.py", "testbed/consul.py", "testbed/hostcache.py"}
+
+
+def test_one_consul_transport():
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = str(path.relative_to(PACKAGE))
+        if name in NOT_CLIENTS or name.startswith("consul/"):
+            continue
+        clients = sorted(m for m in _imports(path) if m in CLIENT_MODULES)
+        if clients or "create_connection(" in path.read_text():
+            offenders[name] = clients or ["socket.create_connection"]
+    assert offenders == {}
