@@ -12,7 +12,7 @@ import pytest
 import requests
 from devagent_helpers import Raw, client
 
-from hvd_elastic.config import ConsulConfig
+from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.devagent import DevCluster
 
 TOKEN = "5e2b1c1e-0d9f-4c43-9c1e-acl-test-token"
