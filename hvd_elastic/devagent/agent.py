@@ -244,6 +244,11 @@ class LocalAgent:
                 raise HTTPError(404, f'ServiceID "{defn["ServiceID"]}" does not exist')
         self._add_check(defn.get("CheckID") or defn["Name"], defn, svc)
 
+    def local_checks(self) -> dict[str, Check]:
+        """This agent's own checks (``/v1/agent/checks``): those it runs and its maintenance checks."""
+        return {cid: c for cid, c in self.catalog.checks[self.node].items()
+                if cid in self._definitions or c.type == "maintenance"}
+
     def deregister_check(self, check_id: str) -> None:
         self._remove_check(check_id)
 
