@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import HTTPError
 from ..httpserver import Request, Response, text_response
-from . import agent, health, kv, session, status  # noqa: F401  (register their routes)
+from . import agent, catalog_write, health, kv, session, status  # noqa: F401  (register their routes)
 from .base import ROUTES, Context, Route, json_response, meta_headers
 
 if TYPE_CHECKING:

@@ -35,11 +35,12 @@ def _tag_match(tags: list[str], wanted: list[str]) -> bool:
     return all(w.lower() in lowered for w in wanted)
 
 
-def _node_meta_match(ctx: Context) -> bool:
-    # Every simulated node has only Consul's built-in segment meta.
+def _node_meta_match(ctx: Context, node) -> bool:
+    # Every ?node-meta=key:value given must be in the node's meta.
+    meta = node.meta_json() or {}
     for pair in ctx.req.query.get("node-meta", []):
         key, _, value = pair.partition(":")
-        if key != "consul-network-segment" or value != "":
+        if meta.get(key) != value:
             return False
     return True
 
@@ -63,9 +64,9 @@ async def health_service(ctx: Context):
     tags = ctx.req.query.get("tag", [])
 
     def selected():
-        if not _node_meta_match(ctx):
-            return
         for node, svc, checks in catalog.instances(name):
+            if not _node_meta_match(ctx, node):
+                continue
             if tags and not _tag_match(svc.tags, tags):
                 continue
             if passing and any(c.status != PASSING for c in checks):
