@@ -216,6 +216,8 @@ class Catalog:
         # Called with (check, previous_status_or_None_if_removed) after a check
         # turns critical or is removed; sessions invalidate on both.
         self.on_check_lost: list[Callable[[Check], None]] = []
+        # Called with a node's name after it was deregistered (its sessions go with it, as in Consul).
+        self.on_node_removed: list[Callable[[str], None]] = []
 
     # -- topics -----------------------------------------------------------
 
@@ -274,6 +276,8 @@ class Catalog:
             self.remove_check(name, check_id)
         del self.nodes[name], self.services[name], self.checks[name]
         self.index.bump("nodes", f"node:{name}")
+        for hook in self.on_node_removed:
+            hook(name)
         return True
 
     # -- services ---------------------------------------------------------

@@ -102,6 +102,16 @@ def test_deregister_service_check_then_node(raw):
     assert put(raw, "/v1/catalog/deregister", {"Node": "ext-5"}) == (200, "true")  # unknown: no error
 
 
+def test_deregistering_a_node_destroys_its_sessions_and_frees_their_locks(raw):
+    assert put(raw, "/v1/catalog/register", {"Node": "ext-6", "Address": "10.0.0.6"})[0] == 200
+    session, _ = raw.json("PUT", "/v1/session/create", {"Node": "ext-6", "Checks": []})  # no serfHealth to tie to
+    assert put(raw, f"/v1/kv/ext-lock?acquire={session['ID']}", "me") == (200, "true")
+    assert put(raw, "/v1/catalog/deregister", {"Node": "ext-6"})[0] == 200
+    assert raw.json("GET", f"/v1/session/info/{session['ID']}")[0] == []
+    (entry,), _ = raw.json("GET", "/v1/kv/ext-lock")
+    assert "Session" not in entry
+
+
 @pytest.mark.parametrize("change, status, message", [
     ({"Node": ""}, 400, "Must provide node"),
     ({"Address": ""}, 400, "Must provide address if SkipNodeUpdate is not set"),

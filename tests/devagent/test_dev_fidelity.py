@@ -58,7 +58,14 @@ def test_filter_on_agent_maps(raw):
     assert list(checks) == ["service:fid-2"]
 
 
-@pytest.mark.parametrize("path", ["/v1/health/node/gpu-a", "/v1/health/checks/fid", "/v1/health/state/any",
+def test_filter_on_catalog_services_selects_by_instance(raw):
+    _register(raw, "fid-cs-1", name="fid-cs", Tags=["gpu"], Meta={"slots": "8"})
+    _register(raw, "fid-cs-2", name="fid-cs-other", Tags=["cpu"])
+    names, _ = raw.json("GET", "/v1/catalog/services?" + q('ServiceMeta.slots == "8"'))
+    assert names == {"fid-cs": ["gpu"]}
+
+
+@pytest.mark.parametrize("path", ["/v1/catalog/services", "/v1/health/node/gpu-a", "/v1/health/checks/fid", "/v1/health/state/any",
                                   "/v1/catalog/nodes", "/v1/catalog/service/fid", "/v1/agent/services",
                                   "/v1/agent/checks"])
 def test_a_bad_filter_is_400_at_once_even_on_a_blocking_query(raw, path):

@@ -160,8 +160,21 @@ async def health_state(ctx: Context):
 async def catalog_services(ctx: Context):
     catalog = ctx.cluster.catalog
     index = ctx.cluster.index
-    return await blocking(ctx, ("services",), lambda: index.of("services"),
-                          lambda: _readable_names(ctx, catalog.service_names()))
+
+    def render():
+        if not ctx.req.arg("filter"):
+            return _readable_names(ctx, catalog.service_names())
+        # Consul filters the service instances (CatalogService rows), then lists the names left.
+        names: dict[str, list[str]] = {}
+        for name in catalog.service_names():
+            rows = [svc.catalog_json(node) for node, svc, _ in catalog.instances(name)]
+            for row in apply_filter(ctx, rows, CATALOG_SERVICE_FIELDS):
+                tags = names.setdefault(name, [])
+                tags.extend(t for t in row["ServiceTags"] if t not in tags)
+        return _readable_names(ctx, names)
+
+    validate_filter(ctx, CATALOG_SERVICE_FIELDS)
+    return await blocking(ctx, ("services",), lambda: index.of("services"), render)
 
 
 def _readable_names(ctx: Context, names: dict[str, list[str]]) -> dict[str, list[str]]:
