@@ -78,9 +78,14 @@ def _token(args: argparse.Namespace) -> str | None:
     return args.acl_token
 
 
-def _restricted_token(args: argparse.Namespace) -> str | None:
+def _restricted_token(args: argparse.Namespace, token: str | None) -> str | None:
     if args.acl_restricted_token_file is None:
+        if args.acl_restricted_node_prefix or args.acl_restricted_service_prefix:
+            raise ValueError("--acl-restricted-node-prefix and --acl-restricted-service-prefix "
+                             "need --acl-restricted-token-file")
         return None
+    if token is None:
+        raise ValueError("--acl-restricted-token-file needs --acl-token or --acl-token-file (ACLs on)")
     token = read_token_file("--acl-restricted-token-file", args.acl_restricted_token_file)
     if not token:
         raise ValueError(f"--acl-restricted-token-file {args.acl_restricted_token_file!r} is empty")
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             nodes=nodes, acl_token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             reap_interval=args.reap_interval, deregister_critical_min=args.deregister_critical_min,
             http_port=args.http_port, bind=args.bind, session_ttl_min=args.session_ttl_min,
-            restricted_token=_restricted_token(args),
+            restricted_token=_restricted_token(args, token),
             restricted_node_prefixes=args.acl_restricted_node_prefix,
             restricted_service_prefixes=args.acl_restricted_service_prefix,
         )

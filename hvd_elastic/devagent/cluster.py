@@ -61,18 +61,15 @@ class ClusterState:
         nodes: list[str],
         bind: str,
         http_port: int,
-        acl_token: str | None,
+        tokens: Tokens | None,
         ssl_context: ssl.SSLContext | None,
         reaper: ReaperSettings,
         datacenter: str = "dc1",
         session_ttl_min: float = 10.0,
-        tokens: Tokens | None = None,
     ) -> None:
         self.datacenter = datacenter
         self.bind = bind
-        self.acl_token = acl_token
-        # The secrets with ACLs on (None: ACLs off); see :mod:`.acl`.
-        self.tokens = tokens if tokens is not None else (Tokens(acl_token) if acl_token is not None else None)
+        self.tokens = tokens  # the secrets accepted with ACLs on (None: ACLs off); see :mod:`.acl`
         self.reaper = reaper
         self.index = RaftIndex()
         self.catalog = Catalog(self.index, datacenter)
@@ -172,23 +169,23 @@ class DevCluster:
             raise ValueError("reap_interval and session_ttl_min must be > 0, deregister_critical_min >= 0")
         if acl_token is not None and not acl_token:
             raise ValueError("acl_token must not be empty")
-        tokens = None
         if restricted_token is not None:
             if acl_token is None:
                 raise ValueError("restricted_token needs acl_token (ACLs on)")
             if not restricted_token:
                 raise ValueError("restricted_token must not be empty")
-            tokens = Tokens(acl_token, restricted_token, restricted_node_prefixes, restricted_service_prefixes)
         elif restricted_node_prefixes or restricted_service_prefixes:
             raise ValueError("restricted_node_prefixes/restricted_service_prefixes need restricted_token")
+        tokens = None if acl_token is None else Tokens(
+            acl_token, restricted_token, restricted_node_prefixes, restricted_service_prefixes)
         self.tls = tls_cert is not None
         ssl_context = None
         if tls_cert is not None:
             ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ssl_context.load_cert_chain(tls_cert, tls_key)
         self._state = ClusterState(
-            self.nodes, bind, http_port, acl_token, ssl_context,
-            ReaperSettings(reap_interval, deregister_critical_min), datacenter, session_ttl_min, tokens,
+            self.nodes, bind, http_port, tokens, ssl_context,
+            ReaperSettings(reap_interval, deregister_critical_min), datacenter, session_ttl_min,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

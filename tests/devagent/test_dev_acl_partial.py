@@ -114,3 +114,10 @@ def test_consul_dev_flags_define_the_restricted_token(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_unknown_and_missing_tokens_are_unchanged_by_the_second_token(partial):
+    status, _, body = get(partial, "/v1/health/service/web", READER + "x")
+    assert (status, body) == (403, "ACL not found")
+    status, headers, rows = get(partial, "/v1/health/service/web", "")  # anonymous: empty, as before
+    assert (status, rows) == (200, []) and FILTERED not in headers

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hvd_elastic.consul.config import ConfigError, parse_bool
 
-from ..acl import FILTERED_HEADER, MANAGEMENT, Authorizer
+from ..acl import FILTERED_HEADER, MANAGEMENT, Authorizer, keep_readable
 from ..errors import HTTPError
 from hvd_elastic.consul.gotypes import SECOND, parse_duration, parse_uint64
 from ..httpserver import Request, Response
@@ -49,8 +49,6 @@ class Context:
 
     def keep_readable(self, rows, readable):
         """Drop the rows this token may not read (after ``?filter=``, as Consul does), noting the drop."""
-        from ..acl import keep_readable
-
         kept, dropped = keep_readable(self.authz, rows, readable)
         self.filtered_by_acls = self.filtered_by_acls or dropped
         return kept
