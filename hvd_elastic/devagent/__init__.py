@@ -9,9 +9,13 @@ node runs its own local Consul agent.  See :class:`DevCluster` and
 Served: ``/v1/agent/{self,members,services,service/:id,checks}``, service and
 check (de)registration, TTL ``pass/warn/fail/update``, service and node
 maintenance; ``/v1/health/{service,checks,node,state}``;
-``/v1/catalog/{services,service,nodes,datacenters}``; ``/v1/kv``;
+``/v1/catalog/{services,service,nodes,datacenters}``, ``/v1/catalog/{register,deregister}``
+(external nodes: no agent, no ``serfHealth``); ``/v1/kv``;
 ``/v1/session/{create,renew,destroy,info,node,list}``; ``/v1/status/{leader,peers}``.
-Every other path answers 404 like an unknown Consul endpoint.
+Every other path answers 404 like an unknown Consul endpoint.  Listings take
+``?filter=``; with ACLs on, a second, restricted token (read rules by node and
+service name prefix, see :mod:`.acl`) gets listings without what it may not
+read and ``X-Consul-Results-Filtered-By-ACLs: true``, as in Consul.
 
 Known, deliberate differences from Consul (each fails louder, never quieter):
 
@@ -22,8 +26,14 @@ Known, deliberate differences from Consul (each fails louder, never quieter):
 * malformed ``flags``/``cas`` parameters and invalid session settings are 400
   where Consul answers 500;
 * with ACLs on, a request without a token is the anonymous token with no
-  rights: writes get 403 ``Permission denied``, listings come back empty, and
-  KV reads get 403 (Consul answers a denied recursive KV read with 404);
+  rights: writes get 403 ``Permission denied``, listings come back empty
+  (without ``X-Consul-Results-Filtered-By-ACLs``), and KV reads get 403
+  (Consul answers a denied recursive KV read with 404); the restricted token
+  gets 403 on session and KV reads, where Consul would filter by its
+  (absent) session and key rules;
+* ``/v1/catalog/register`` validation errors are 400 (Consul: 500), and a dev
+  agent's own node cannot be written through the catalog (see
+  :mod:`.registration`);
 * check output changes are written at once (a Consul agent may hold an
   output-only change back for up to 5 minutes), so a blocking query may return
   more often; a return is never a promise of change in Consul either;

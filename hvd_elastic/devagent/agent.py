@@ -50,8 +50,8 @@ class ReaperSettings:
     deregister_min: float = 60.0
 
 
-def _validate_meta(meta: dict[str, str]) -> None:
-    # Consul's structs.ValidateServiceMetadata.
+def validate_service_meta(meta: dict[str, str]) -> None:
+    """Consul's ``structs.ValidateServiceMetadata``: a 400 naming the bad pair."""
     if len(meta) > 64:
         raise HTTPError(400, "Invalid Service Meta: Reached maximum metadata pairs (limit: 64)")
     for key, value in meta.items():
@@ -149,7 +149,7 @@ class LocalAgent:
             if weights["Warning"] < 0:
                 raise HTTPError(400, "Invalid Weights: Warning must be greater or equal than 0")
         meta = args.get("Meta", {})
-        _validate_meta(meta)
+        validate_service_meta(meta)
         port = args.get("Port", 0)
         if not 0 <= port <= 65535:
             raise HTTPError(400, f"Validation failed: invalid port {port} (expected 0..65535)")
@@ -244,6 +244,11 @@ class LocalAgent:
             if svc is None:
                 raise HTTPError(404, f'ServiceID "{defn["ServiceID"]}" does not exist')
         self._add_check(defn.get("CheckID") or defn["Name"], defn, svc)
+
+    def local_checks(self) -> dict[str, Check]:
+        """This agent's own checks (``/v1/agent/checks``): those it runs and its maintenance checks."""
+        return {cid: c for cid, c in self.catalog.checks[self.node].items()
+                if cid in self._definitions or c.type == "maintenance"}
 
     def deregister_check(self, check_id: str) -> None:
         self._remove_check(check_id)

@@ -12,6 +12,11 @@ topics a blocking query may wait on:
   maintenance) of nodes running it;
 * ``node:<name>``: a node's own services and checks.
 
+Nodes are of two kinds, as in Consul: a dev agent's own node (its tagged
+addresses and meta come from the agent) and *external* nodes written through
+``/v1/catalog/register``, which have no agent, hence no ``serfHealth``, and
+carry exactly the tagged addresses and meta they were registered with.
+
 JSON shapes follow Consul's ``api`` package field for field.
 """
 
@@ -40,17 +45,32 @@ class Node:
     datacenter: str
     create_index: int
     modify_index: int
+    external: bool = False
+    # An external node's own maps (None: Go's nil map, JSON null); an agent's node derives them.
+    tagged_addresses: dict[str, str] | None = None
+    meta: dict[str, str] | None = None
 
-    def to_json(self) -> dict:
+    def tagged_addresses_json(self) -> dict[str, str] | None:
+        """Node tagged addresses: a map of strings (``lan``, ``wan``, ``lan_ipv4``, ...), never objects."""
+        if self.external:
+            return None if self.tagged_addresses is None else dict(self.tagged_addresses)
         addr = self.address
         family = "ipv6" if ":" in addr else "ipv4"
+        return {"lan": addr, f"lan_{family}": addr, "wan": addr, f"wan_{family}": addr}
+
+    def meta_json(self) -> dict[str, str] | None:
+        if self.external:
+            return None if self.meta is None else dict(self.meta)
+        return {"consul-network-segment": ""}
+
+    def to_json(self) -> dict:
         return {
             "ID": self.id,
             "Node": self.name,
-            "Address": addr,
+            "Address": self.address,
             "Datacenter": self.datacenter,
-            "TaggedAddresses": {"lan": addr, f"lan_{family}": addr, "wan": addr, f"wan_{family}": addr},
-            "Meta": {"consul-network-segment": ""},
+            "TaggedAddresses": self.tagged_addresses_json(),
+            "Meta": self.meta_json(),
             "CreateIndex": self.create_index,
             "ModifyIndex": self.modify_index,
         }
@@ -196,6 +216,8 @@ class Catalog:
         # Called with (check, previous_status_or_None_if_removed) after a check
         # turns critical or is removed; sessions invalidate on both.
         self.on_check_lost: list[Callable[[Check], None]] = []
+        # Called with a node's name after it was deregistered (its sessions go with it, as in Consul).
+        self.on_node_removed: list[Callable[[str], None]] = []
 
     # -- topics -----------------------------------------------------------
 
@@ -222,6 +244,41 @@ class Catalog:
             self.services.setdefault(name, {})
             self.checks.setdefault(name, {})
         return node
+
+    def register_external(self, name: str, address: str, node_id: str | None,
+                          tagged: dict[str, str] | None, meta: dict[str, str] | None) -> Node:
+        """Create or update an external node (``/v1/catalog/register``); a write only on change."""
+        node = self.nodes.get(name)
+        if node is not None and not node.external:
+            raise ValueError(f"node {name!r} belongs to a dev agent")
+        if node is not None:
+            wanted = (address, node.id if node_id is None else node_id, tagged, meta)
+            if (node.address, node.id, node.tagged_addresses, node.meta) == wanted:
+                return node
+            node.address, node.id, node.tagged_addresses, node.meta = wanted
+            node.modify_index = self.index.bump("nodes", f"node:{name}", *self._node_service_topics(name))
+            return node
+        idx = self.index.bump("nodes", f"node:{name}")
+        node = Node(name, node_id or "", address, self.datacenter, idx, idx, external=True,
+                    tagged_addresses=tagged, meta=meta)
+        self.nodes[name] = node
+        self.services[name] = {}
+        self.checks[name] = {}
+        return node
+
+    def remove_node(self, name: str) -> bool:
+        """Deregister a node with its services and checks (an unknown node is no error, as in Consul)."""
+        if name not in self.nodes:
+            return False
+        for service_id in list(self.services[name]):
+            self.remove_service(name, service_id)
+        for check_id in list(self.checks[name]):
+            self.remove_check(name, check_id)
+        del self.nodes[name], self.services[name], self.checks[name]
+        self.index.bump("nodes", f"node:{name}")
+        for hook in self.on_node_removed:
+            hook(name)
+        return True
 
     # -- services ---------------------------------------------------------
 

@@ -25,6 +25,11 @@ turns critical, so ?passing drops its services.  GET /_dev/nodes lists the nodes
 PUT /_dev/stale-lag?ms=N makes ?stale reads report X-Consul-LastContact: N (a lagging
 follower).  With --acl-token these need the token, like every ACL-protected endpoint.
 
+Partial rights: --acl-restricted-token-file FILE adds a second token that may only
+read nodes named with a --acl-restricted-node-prefix and services named with a
+--acl-restricted-service-prefix (each repeatable; "" matches every name).  Listings
+drop what it may not read and answer X-Consul-Results-Filtered-By-ACLs: true.
+
 SIGTERM or SIGINT stops every agent and exits 0.  Exit codes: 0 clean stop,
 1 could not start (port in use, unreadable certificate), 2 bad arguments.
 """
@@ -42,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="enable ACLs (default_policy=deny) with this management token")
     parser.add_argument("--acl-token-file", default=None,
                         help="read the management token from this file (keeps it out of the process list)")
+    parser.add_argument("--acl-restricted-token-file", default=None,
+                        help="read a second, read-only token from this file (needs an ACL token; see below)")
+    parser.add_argument("--acl-restricted-node-prefix", action="append", default=[], metavar="PREFIX",
+                        help="the restricted token may read nodes whose name starts with PREFIX (repeatable)")
+    parser.add_argument("--acl-restricted-service-prefix", action="append", default=[], metavar="PREFIX",
+                        help="the restricted token may read services whose name starts with PREFIX (repeatable)")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve HTTPS")
     parser.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
     parser.add_argument("--ready-file", default=None,
@@ -65,6 +76,20 @@ def _token(args: argparse.Namespace) -> str | None:
     if args.acl_token is not None and not args.acl_token:
         raise ValueError("--acl-token must not be empty")
     return args.acl_token
+
+
+def _restricted_token(args: argparse.Namespace, token: str | None) -> str | None:
+    if args.acl_restricted_token_file is None:
+        if args.acl_restricted_node_prefix or args.acl_restricted_service_prefix:
+            raise ValueError("--acl-restricted-node-prefix and --acl-restricted-service-prefix "
+                             "need --acl-restricted-token-file")
+        return None
+    if token is None:
+        raise ValueError("--acl-restricted-token-file needs --acl-token or --acl-token-file (ACLs on)")
+    token = read_token_file("--acl-restricted-token-file", args.acl_restricted_token_file)
+    if not token:
+        raise ValueError(f"--acl-restricted-token-file {args.acl_restricted_token_file!r} is empty")
+    return token
 
 
 def write_ready_file(path: str, addresses: dict[str, str]) -> None:
@@ -95,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
             nodes=nodes, acl_token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             reap_interval=args.reap_interval, deregister_critical_min=args.deregister_critical_min,
             http_port=args.http_port, bind=args.bind, session_ttl_min=args.session_ttl_min,
+            restricted_token=_restricted_token(args, token),
+            restricted_node_prefixes=args.acl_restricted_node_prefix,
+            restricted_service_prefixes=args.acl_restricted_service_prefix,
         )
     except ValueError as exc:
         print(f"hvd-elastic consul-dev: error: {exc}", file=sys.stderr)

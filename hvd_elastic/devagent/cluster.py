@@ -20,6 +20,7 @@ from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.consul.gotypes import SECOND
 
+from .acl import Tokens
 from .agent import LocalAgent, ReaperSettings
 from .api.base import ResponseCache
 from .api.dispatch import dispatch
@@ -62,7 +63,7 @@ class ClusterState:
         nodes: list[str],
         bind: str,
         http_port: int,
-        acl_token: str | None,
+        tokens: Tokens | None,
         ssl_context: ssl.SSLContext | None,
         reaper: ReaperSettings,
         datacenter: str = "dc1",
@@ -70,7 +71,7 @@ class ClusterState:
     ) -> None:
         self.datacenter = datacenter
         self.bind = bind
-        self.acl_token = acl_token
+        self.tokens = tokens  # the secrets accepted with ACLs on (None: ACLs off); see :mod:`.acl`
         self.reaper = reaper
         self.index = RaftIndex()
         self.catalog = Catalog(self.index, datacenter)
@@ -137,6 +138,12 @@ class DevCluster:
     manager.  ``reap_interval`` and ``deregister_critical_min`` shorten
     Consul's ``DeregisterCriticalServiceAfter`` reaper (30 s / 1 min) for tests,
     as ``session_ttl_min`` shortens Consul's ``session_ttl_min`` (10 s).
+
+    ``restricted_token`` (needs ``acl_token``) adds a second token whose policy
+    only reads nodes whose name starts with one of ``restricted_node_prefixes``
+    and services whose name starts with one of ``restricted_service_prefixes``
+    (see :mod:`.acl`): with it, listings drop what it may not read and say so
+    in ``X-Consul-Results-Filtered-By-ACLs``.
     """
 
     def __init__(
@@ -151,6 +158,9 @@ class DevCluster:
         bind: str = "127.0.0.1",
         datacenter: str = "dc1",
         session_ttl_min: float = 10.0,
+        restricted_token: str | None = None,
+        restricted_node_prefixes: list[str] | tuple[str, ...] = (),
+        restricted_service_prefixes: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.nodes = validate_node_names(list(nodes))
         if (tls_cert is None) != (tls_key is None):
@@ -161,13 +171,22 @@ class DevCluster:
             raise ValueError("reap_interval and session_ttl_min must be > 0, deregister_critical_min >= 0")
         if acl_token is not None and not acl_token:
             raise ValueError("acl_token must not be empty")
+        if restricted_token is not None:
+            if acl_token is None:
+                raise ValueError("restricted_token needs acl_token (ACLs on)")
+            if not restricted_token:
+                raise ValueError("restricted_token must not be empty")
+        elif restricted_node_prefixes or restricted_service_prefixes:
+            raise ValueError("restricted_node_prefixes/restricted_service_prefixes need restricted_token")
+        tokens = None if acl_token is None else Tokens(
+            acl_token, restricted_token, restricted_node_prefixes, restricted_service_prefixes)
         self.tls = tls_cert is not None
         ssl_context = None
         if tls_cert is not None:
             ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ssl_context.load_cert_chain(tls_cert, tls_key)
         self._state = ClusterState(
-            self.nodes, bind, http_port, acl_token, ssl_context,
+            self.nodes, bind, http_port, tokens, ssl_context,
             ReaperSettings(reap_interval, deregister_critical_min), datacenter, session_ttl_min,
         )
         self._loop: asyncio.AbstractEventLoop | None = None

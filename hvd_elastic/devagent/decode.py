@@ -163,6 +163,24 @@ SESSION_FIELDS = {
     "ServiceChecks": ANY, "Behavior": STRING, "TTL": STRING, "Namespace": STRING, "Partition": STRING,
 }
 CHECK_UPDATE_FIELDS = {"Status": STRING, "Output": STRING}
+SERVICE_ADDRESS_FIELDS = {"Address": STRING, "Port": INT}
+
+
+def decode_service_addresses(raw: Any, struct: str) -> dict[str, dict]:
+    """A service's ``TaggedAddresses``: ``{tag: {"Address": str, "Port": int}}``, keys capitalised.
+
+    Consul decodes each entry into its ``ServiceAddress`` struct (keys matched
+    case-insensitively) and always writes it back as ``Address``/``Port``.
+    """
+    if not isinstance(raw, dict):
+        raise _fail(raw, struct, "TaggedAddresses", "map[string]structs.ServiceAddress")
+    out = {}
+    for tag, entry in raw.items():
+        if not isinstance(entry, dict):
+            raise _fail(entry, struct, "TaggedAddresses", "structs.ServiceAddress")
+        fields = decode_struct(entry, "ServiceAddress", SERVICE_ADDRESS_FIELDS)
+        out[tag] = {"Address": fields.get("Address", ""), "Port": fields.get("Port", 0)}
+    return out
 
 
 def decode_check(raw: Any, struct: str = "CheckType") -> dict:
@@ -175,6 +193,8 @@ def decode_check(raw: Any, struct: str = "CheckType") -> dict:
 
 def decode_service(raw: Any) -> dict:
     svc = decode_struct(raw, "ServiceDefinition", SERVICE_FIELDS)
+    if "TaggedAddresses" in svc:
+        svc["TaggedAddresses"] = decode_service_addresses(svc["TaggedAddresses"], "ServiceDefinition")
     if "Weights" in svc:
         svc["Weights"] = decode_struct(svc["Weights"], "Weights", WEIGHTS_FIELDS)
     if "Check" in svc:

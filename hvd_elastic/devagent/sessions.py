@@ -3,7 +3,7 @@
 As in Consul, a session is tied to a node and health checks (``serfHealth`` by
 default) and optionally a TTL.  It is invalidated when destroyed, when one of
 its checks turns critical or is deregistered (so a dead node's locks are
-freed), or when its TTL lapses: Consul expires a session only after twice its
+freed), when its node is deregistered, or when its TTL lapses: Consul expires a session only after twice its
 TTL.  Invalidation releases (or, with ``Behavior=delete``, deletes) the keys
 it holds and starts their lock-delay.  Sessions are written under the topic
 ``sessions``.
@@ -77,6 +77,7 @@ class Sessions:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         kv.session_exists = self.sessions.__contains__
         catalog.on_check_lost.append(self._on_check_lost)
+        catalog.on_node_removed.append(self._on_node_removed)
 
     def table_index(self) -> int:
         return self.index.of("sessions")
@@ -153,6 +154,10 @@ class Sessions:
             self.kv.invalidate_session(session_id, session.behavior == "delete", session.lock_delay_ns / SECOND)
             self.index.bump("sessions", f"session:{session_id}")
         return True
+
+    def _on_node_removed(self, node: str) -> None:
+        for session_id in [s.id for s in self.sessions.values() if s.node == node]:
+            self.destroy(session_id)
 
     def _on_check_lost(self, check: Check) -> None:
         doomed = [

@@ -110,6 +110,8 @@ def test_node_stop_and_start_over_dev_endpoint(agent_process):
     (["--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key must be given together"),
     (["--acl-token", ""], "--acl-token must not be empty"),
     (["--http-port", "70000"], "http_port 70000 is out of range"),
+    (["--acl-restricted-service-prefix", "web"], "need --acl-restricted-token-file"),
+    (["--acl-restricted-token-file", "/etc/hostname"], "--acl-restricted-token-file needs --acl-token"),
 ])
 def test_bad_arguments_exit_2(args, message):
     result = subprocess.run([*CLI, "consul-dev", *args], capture_output=True, text=True, timeout=60)

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from ... import __version__
+from .. import acl
 from .. import checks as checks_mod
 from ..bexpr import FilterError, compile_filter
 from ..catalog import CRITICAL, PASSING, WARNING
 from ..decode import CHECK_UPDATE_FIELDS, DecodeError, decode_check, decode_struct
 from ..errors import HTTPError
 from .base import Context, empty_response, json_response, route
+from .status import SERVER_RPC_ADDR
 
+CONSUL_VERSION = "1.17.0"  # the Consul release whose API the dev agent follows
+SERVICE_FIELDS = {"ID", "Service", "Tags", "Meta", "Port", "Address", "Weights", "EnableTagOverride", "Kind",
+                  "Datacenter"}
 CHECK_FIELDS = {"Node", "CheckID", "Name", "Status", "Notes", "Output", "ServiceID", "ServiceName",
                 "ServiceTags", "Type"}
+
+
+def validate_filter(ctx: Context, fields: set[str]) -> None:
+    """400 for a bad ``?filter=`` before anything else happens (a blocking query must not wait first)."""
+    apply_filter(ctx, [], fields)
 
 
 def apply_filter(ctx: Context, rows: dict | list, fields: set[str]):
@@ -40,17 +50,63 @@ async def agent_self(ctx: Context):
             "NodeID": node.id,
             "Revision": "hvd-elastic",
             "Server": True,
-            "Version": "1.17.0",
+            "Version": CONSUL_VERSION,
             "BuildDate": "2026-01-01T00:00:00Z",
         },
-        "DebugConfig": {"DevMode": True, "ACLsEnabled": cluster.acl_token is not None,
+        "DebugConfig": {"DevMode": True, "ACLsEnabled": cluster.tokens is not None,
                         "HvdElasticVersion": __version__},
         "Coord": None,
         "Member": {"Name": agent.node, "Addr": node.address, "Port": 8301, "Tags": {"dc": cluster.datacenter, "role": "consul"},
                    "Status": 1},
-        "Stats": {},
+        "Stats": stats(ctx),
         "Meta": {"consul-network-segment": ""},
     })
+
+
+def stats(ctx: Context) -> dict:
+    """``Stats`` of ``/v1/agent/self``: every value a string, as Consul's agent prints them.
+
+    The dev agent is a single-server cluster that leads itself: leader ``true``,
+    no peers, Raft term 2 (a dev server's first election), and the Raft indexes
+    are the dev agent's own index.
+    """
+    cluster, agent = ctx.cluster, ctx.agent
+    local = agent.local_checks()
+    index = str(cluster.index.current)
+    return {
+        "agent": {
+            "check_monitors": "0",
+            "check_ttls": str(sum(1 for c in local.values() if c.type == "ttl")),
+            "checks": str(len(local)),
+            "services": str(len(cluster.catalog.services[agent.node])),
+        },
+        "build": {"prerelease": "", "revision": "hvd-elastic", "version": CONSUL_VERSION, "version_metadata": ""},
+        "consul": {
+            "acl": "enabled" if cluster.tokens is not None else "disabled",
+            "bootstrap": "false",
+            "known_datacenters": "1",
+            "leader": "true",
+            "leader_addr": SERVER_RPC_ADDR,
+            "server": "true",
+        },
+        "raft": {
+            "applied_index": index,
+            "commit_index": index,
+            "fsm_pending": "0",
+            "last_log_index": index,
+            "last_log_term": "2",
+            "last_snapshot_index": "0",
+            "last_snapshot_term": "0",
+            "num_peers": "0",
+            "protocol_version": "3",
+            "protocol_version_max": "3",
+            "protocol_version_min": "0",
+            "snapshot_version_max": "1",
+            "snapshot_version_min": "0",
+            "state": "Leader",
+            "term": "2",
+        },
+    }
 
 
 @route("/v1/agent/members", ("GET",), acl="node:read", anonymous_empty=[])
@@ -62,15 +118,18 @@ async def agent_members(ctx: Context):
         members.append({"Name": name, "Addr": node.address, "Port": 8301,
                         "Tags": {"dc": cluster.datacenter, "role": "consul"},
                         "Status": 1 if agent.running else 4})
-    return json_response(members)
+    members = ctx.keep_readable(members, lambda authz, m: authz.node_read(m["Name"]))
+    return json_response(members, headers=ctx.acl_headers())
 
 
 @route("/v1/agent/services", ("GET",), acl="service:read", anonymous_empty={})
 async def agent_services(ctx: Context):
     dc = ctx.cluster.datacenter
+    validate_filter(ctx, SERVICE_FIELDS)
     services = {sid: s.agent_json(dc) for sid, s in sorted(ctx.cluster.catalog.services[ctx.agent.node].items())}
-    return json_response(apply_filter(ctx, services, {"ID", "Service", "Tags", "Meta", "Port", "Address",
-                                                      "Weights", "EnableTagOverride", "Kind", "Datacenter"}))
+    services = ctx.keep_readable(apply_filter(ctx, services, SERVICE_FIELDS),
+                                 lambda authz, svc: authz.service_read(svc["Service"]))
+    return json_response(services, headers=ctx.acl_headers())
 
 
 @route("/v1/agent/service/", ("GET",), acl="service:read")
@@ -78,13 +137,22 @@ async def agent_service(ctx: Context):
     svc = ctx.cluster.catalog.services[ctx.agent.node].get(ctx.tail)
     if svc is None:
         raise HTTPError(404, f"unknown service ID: {ctx.tail}")
+    if not ctx.authz.service_read(svc.name):
+        raise ctx.authz.denied("service:read", svc.name)
     return json_response(svc.agent_json(ctx.cluster.datacenter))
 
 
 @route("/v1/agent/checks", ("GET",), acl="node:read", anonymous_empty={})
 async def agent_checks(ctx: Context):
-    checks = {cid: c.to_json() for cid, c in sorted(ctx.cluster.catalog.checks[ctx.agent.node].items())}
-    return json_response(apply_filter(ctx, checks, CHECK_FIELDS))
+    """The checks this agent runs: its services' checks, its node checks and maintenance checks.
+
+    Not ``serfHealth``: Consul's servers keep that one in the catalog from
+    gossip; no agent registers it, so it shows in ``/v1/health/*`` only.
+    """
+    validate_filter(ctx, CHECK_FIELDS)
+    checks = {cid: c.to_json() for cid, c in sorted(ctx.agent.local_checks().items())}
+    checks = ctx.keep_readable(apply_filter(ctx, checks, CHECK_FIELDS), acl.check_readable)
+    return json_response(checks, headers=ctx.acl_headers())
 
 
 @route("/v1/agent/service/register", ("PUT",), acl="service:write")

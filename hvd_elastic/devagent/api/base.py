@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hvd_elastic.consul.config import ConfigError, parse_bool
 
+from ..acl import FILTERED_HEADER, MANAGEMENT, Authorizer, keep_readable
 from ..errors import HTTPError
 from hvd_elastic.consul.gotypes import SECOND, parse_duration, parse_uint64
 from ..httpserver import Request, Response
@@ -38,6 +39,19 @@ class Context:
     agent: "LocalAgent"
     pattern: str
     anonymous: bool = False  # ACLs on and no token: Consul's anonymous token
+    authz: Authorizer = MANAGEMENT  # the request's token (management too when ACLs are off)
+    # Set by a render that dropped rows this token may not read (see acl.keep_readable).
+    filtered_by_acls: bool = False
+
+    def acl_headers(self) -> dict[str, str]:
+        """``X-Consul-Results-Filtered-By-ACLs: true`` when rows were dropped, as Consul sends it."""
+        return {FILTERED_HEADER: "true"} if self.filtered_by_acls else {}
+
+    def keep_readable(self, rows, readable):
+        """Drop the rows this token may not read (after ``?filter=``, as Consul does), noting the drop."""
+        kept, dropped = keep_readable(self.authz, rows, readable)
+        self.filtered_by_acls = self.filtered_by_acls or dropped
+        return kept
 
     @property
     def tail(self) -> str:
@@ -202,7 +216,7 @@ async def blocking(
         await ctx.cluster.index.wait_past(topics, min_index, index_fn, wait)
     index = (result_index_fn or index_fn)()
     headers = {"Content-Type": "application/json", **meta_headers(index, ctx)}
-    if cacheable:
+    if cacheable and ctx.authz.management:  # a restricted token's answer is its own, and carries a header
         query = tuple(sorted((k, tuple(v)) for k, v in ctx.req.query.items() if k not in ("index", "wait", "token")))
         key = (ctx.req.path, query, ctx.anonymous)
         body = ctx.cluster.response_cache.get(key, index)
@@ -212,5 +226,8 @@ async def blocking(
             ctx.cluster.response_cache.put(key, index, body)
         return Response(200, body, headers)
     result = render_fn()
+    headers.update(ctx.acl_headers())
     status = status_fn(result) if status_fn else 200
-    return Response(status, json_bytes(result) if status == 200 else b"", headers)
+    if status != 200:
+        return Response(status, b"", headers)
+    return Response(status, result if isinstance(result, bytes) else json_bytes(result), headers)

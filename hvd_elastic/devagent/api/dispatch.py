@@ -7,19 +7,20 @@
   the token comes from ``X-Consul-Token``, ``Authorization: Bearer`` or
   ``?token=``; an unknown token is 403 ``ACL not found``; no token is
   Consul's anonymous token, which may do nothing: writes get 403
-  ``Permission denied``, listings come back empty;
+  ``Permission denied``, listings come back empty; a restricted token (see
+  :mod:`..acl`) may call read endpoints, whose handlers drop the rows it may
+  not read, and nothing else;
 * a handler's :class:`HTTPError` becomes its status with the reason as text.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import TYPE_CHECKING
 
 from ..errors import HTTPError
 from ..httpserver import Request, Response, text_response
-from . import agent, health, kv, session, status  # noqa: F401  (register their routes)
+from . import agent, catalog_write, health, kv, session, status  # noqa: F401  (register their routes)
 from .base import ROUTES, Context, Route, json_response, meta_headers
 
 if TYPE_CHECKING:
@@ -84,15 +85,19 @@ async def _dispatch(cluster: "ClusterState", local: "LocalAgent", req: Request) 
         return response
     ctx = Context(req=req, cluster=cluster, agent=local, pattern=found.pattern)
     try:
-        if found.acl is not None and cluster.acl_token is not None:
+        if found.acl is not None and cluster.tokens is not None:
             token = request_token(req)
+            permission = found.acl.format(method="read" if req.method == "GET" else "write")
             if not token:
-                permission = found.acl.format(method="read" if req.method == "GET" else "write")
                 if found.anonymous_empty is not None:
                     return json_response(found.anonymous_empty, headers=meta_headers(cluster.index.current))
                 raise _anonymous_denied(permission)
-            if not hmac.compare_digest(token.encode(), cluster.acl_token.encode()):
+            authz = cluster.tokens.resolve(token)
+            if authz is None:
                 raise HTTPError(403, "ACL not found")
+            if not authz.route_allowed(permission):
+                raise authz.denied(permission)
+            ctx.authz = authz
         return await found.handler(ctx)
     except HTTPError as exc:
         response = text_response(exc.status, exc.reason)

@@ -1,10 +1,17 @@
-"""``/v1/health/*`` and ``/v1/catalog/*``: blocking reads of the shared catalog."""
+"""``/v1/health/*`` and ``/v1/catalog/*``: blocking reads of the shared catalog.
+
+Every listing takes ``?filter=`` (a bad expression is a 400 before any wait)
+and, for a restricted ACL token, drops the rows it may not read after the
+filter, as Consul does (so ``X-Consul-Results-Filtered-By-ACLs`` never counts
+rows the filter removed anyway).
+"""
 
 from __future__ import annotations
 
+from .. import acl
 from ..catalog import PASSING, STATUSES
 from ..errors import HTTPError
-from .agent import CHECK_FIELDS, apply_filter
+from .agent import CHECK_FIELDS, apply_filter, validate_filter
 from .base import Context, blocking, json_bytes, json_response, route
 
 HEALTH_FIELDS = {"Node", "Service", "Checks"}
@@ -28,11 +35,12 @@ def _tag_match(tags: list[str], wanted: list[str]) -> bool:
     return all(w.lower() in lowered for w in wanted)
 
 
-def _node_meta_match(ctx: Context) -> bool:
-    # Every simulated node has only Consul's built-in segment meta.
+def _node_meta_match(ctx: Context, node) -> bool:
+    # Every ?node-meta=key:value given must be in the node's meta.
+    meta = node.meta_json() or {}
     for pair in ctx.req.query.get("node-meta", []):
         key, _, value = pair.partition(":")
-        if key != "consul-network-segment" or value != "":
+        if meta.get(key) != value:
             return False
     return True
 
@@ -56,9 +64,9 @@ async def health_service(ctx: Context):
     tags = ctx.req.query.get("tag", [])
 
     def selected():
-        if not _node_meta_match(ctx):
-            return
         for node, svc, checks in catalog.instances(name):
+            if not _node_meta_match(ctx, node):
+                continue
             if tags and not _tag_match(svc.tags, tags):
                 continue
             if passing and any(c.status != PASSING for c in checks):
@@ -66,12 +74,12 @@ async def health_service(ctx: Context):
             yield node, svc, checks
 
     def render():
-        if ctx.req.arg("filter"):
+        if ctx.req.arg("filter") or not ctx.authz.management:
             rows = [_health_row(node, svc, checks) for node, svc, checks in selected()]
-            return apply_filter(ctx, rows, HEALTH_FIELDS)
+            return ctx.keep_readable(apply_filter(ctx, rows, HEALTH_FIELDS), acl.health_row_readable)
         return _encoded_rows(ctx.cluster.health_row_cache, selected(), catalog)
 
-    apply_filter(ctx, [], HEALTH_FIELDS)  # a bad expression is a 400 before any wait
+    validate_filter(ctx, HEALTH_FIELDS)
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render,
                           cacheable=True)
 
@@ -112,8 +120,9 @@ async def health_checks(ctx: Context):
 
     def render():
         rows = [c.to_json() for _, _, checks in catalog.instances(name) for c in checks if c.service_id]
-        return apply_filter(ctx, rows, CHECK_FIELDS)
+        return ctx.keep_readable(apply_filter(ctx, rows, CHECK_FIELDS), acl.check_readable)
 
+    validate_filter(ctx, CHECK_FIELDS)
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render)
 
 
@@ -124,8 +133,10 @@ async def health_node(ctx: Context):
     index = ctx.cluster.index
 
     def render():
-        return [c.to_json() for _, c in sorted(catalog.checks.get(node, {}).items())]
+        rows = [c.to_json() for _, c in sorted(catalog.checks.get(node, {}).items())]
+        return ctx.keep_readable(apply_filter(ctx, rows, CHECK_FIELDS), acl.check_readable)
 
+    validate_filter(ctx, CHECK_FIELDS)
     return await blocking(ctx, (f"node:{node}",), lambda: index.of(f"node:{node}") or index.of("checks"), render)
 
 
@@ -139,8 +150,9 @@ async def health_state(ctx: Context):
 
     def render():
         rows = [c.to_json() for c in catalog.all_checks() if state == "any" or c.status == state]
-        return apply_filter(ctx, rows, CHECK_FIELDS)
+        return ctx.keep_readable(apply_filter(ctx, rows, CHECK_FIELDS), acl.check_readable)
 
+    validate_filter(ctx, CHECK_FIELDS)
     return await blocking(ctx, ("checks",), lambda: index.of("checks"), render)
 
 
@@ -148,7 +160,28 @@ async def health_state(ctx: Context):
 async def catalog_services(ctx: Context):
     catalog = ctx.cluster.catalog
     index = ctx.cluster.index
-    return await blocking(ctx, ("services",), lambda: index.of("services"), catalog.service_names)
+
+    def render():
+        if not ctx.req.arg("filter"):
+            return _readable_names(ctx, catalog.service_names())
+        # Consul filters the service instances (CatalogService rows), then lists the names left.
+        names: dict[str, list[str]] = {}
+        for name in catalog.service_names():
+            rows = [svc.catalog_json(node) for node, svc, _ in catalog.instances(name)]
+            for row in apply_filter(ctx, rows, CATALOG_SERVICE_FIELDS):
+                tags = names.setdefault(name, [])
+                tags.extend(t for t in row["ServiceTags"] if t not in tags)
+        return _readable_names(ctx, names)
+
+    validate_filter(ctx, CATALOG_SERVICE_FIELDS)
+    return await blocking(ctx, ("services",), lambda: index.of("services"), render)
+
+
+def _readable_names(ctx: Context, names: dict[str, list[str]]) -> dict[str, list[str]]:
+    # A map keyed by service name: the key, not the value, is what service:read is about.
+    kept = {name: tags for name, tags in names.items() if ctx.authz.service_read(name)}
+    ctx.filtered_by_acls = ctx.filtered_by_acls or len(kept) != len(names)
+    return kept
 
 
 @route("/v1/catalog/service/", ("GET",), acl="service:read", anonymous_empty=[])
@@ -160,8 +193,9 @@ async def catalog_service(ctx: Context):
     def render():
         rows = [svc.catalog_json(node) for node, svc, _ in catalog.instances(name)
                 if not tags or _tag_match(svc.tags, tags)]
-        return apply_filter(ctx, rows, CATALOG_SERVICE_FIELDS)
+        return ctx.keep_readable(apply_filter(ctx, rows, CATALOG_SERVICE_FIELDS), acl.catalog_service_readable)
 
+    validate_filter(ctx, CATALOG_SERVICE_FIELDS)
     return await blocking(ctx, catalog.service_topics(name), lambda: catalog.service_index(name), render,
                           cacheable=True)
 
@@ -173,8 +207,9 @@ async def catalog_nodes(ctx: Context):
 
     def render():
         rows = [n.to_json() for _, n in sorted(catalog.nodes.items())]
-        return apply_filter(ctx, rows, NODE_FIELDS)
+        return ctx.keep_readable(apply_filter(ctx, rows, NODE_FIELDS), acl.node_readable)
 
+    validate_filter(ctx, NODE_FIELDS)
     return await blocking(ctx, ("nodes",), lambda: index.of("nodes"), render)
 
 

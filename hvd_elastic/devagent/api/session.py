@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from ..errors import HTTPError
 from .base import Context, blocking, json_response, route
 
 
 @route("/v1/session/create", ("PUT",), acl="session:write")
 async def session_create(ctx: Context):
+    """Create a session; an unknown ``?dc=`` is Consul's 500 ``No path to datacenter``,
+    an unknown ``Node`` its 500 ``Missing node registration``."""
+    dc = ctx.req.arg("dc")
+    if dc and dc != ctx.cluster.datacenter:
+        raise HTTPError(500, "No path to datacenter")
     body = ctx.json_body() if ctx.req.body.strip() else None
     session = ctx.cluster.sessions.create(body, default_node=ctx.agent.node)
     return json_response({"ID": session.id})
