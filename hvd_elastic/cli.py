@@ -22,6 +22,7 @@ import os
 import sys
 
 from hvd_elastic import __version__
+from hvd_elastic.options import one_line_errors
 
 # name -> (module, one-line help).  Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,9 +56,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging level (env HVD_ELASTIC_LOG_LEVEL; default %(default)s)",
     )
+    one_line_errors(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
+        one_line_errors(sp)  # bad input: one stderr line naming the value, exit 2 (--help still shows usage)
         if name == only:
             module = _load(name)
             module.add_arguments(sp)

@@ -52,6 +52,23 @@ def test_unknown_option_is_a_usage_error():
     assert "'lots' is not a number" in out.stderr
 
 
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_bad_input_is_one_line_naming_the_value(command):
+    out = hvd_elastic(command, "--no-such-flag=sixty")
+    assert out.returncode == 2
+    # One line, no usage block; report first misses its RUN_DIR, which it names.
+    expected = ("the following arguments are required: RUN_DIR" if command == "report"
+                else "unrecognized arguments: --no-such-flag=sixty")
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("hvd-elastic") and out.stderr.endswith(expected + "\n"), out.stderr
+
+
+def test_a_bad_value_is_one_line_naming_it_and_what_was_expected():
+    out = hvd_elastic("node-agent", "--deregister-after", "30s")
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == ("hvd-elastic node-agent: error: argument --deregister-after: "
+                          "'30s' is not a duration of at least 1m (expected e.g. 90s, 10m, 1h)\n")
+
+
 CHECK_BUILD = """Horovod v0.28.1:
 
 Available Frameworks:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import http.server
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from .env import CONSUL_HOSTS, HVD_ELASTIC
 
@@ -89,3 +92,61 @@ def refused_address() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+class ScriptedServer:
+    """A loopback HTTP server whose every answer comes from ``respond(call)``: a Consul that misbehaves on cue.
+
+    ``call`` is a :class:`ScriptedCall` (1-based ``number``, ``method``, ``path``).
+    ``respond`` returns (status, body bytes), or None to accept the request and
+    never answer (until the server stops).  ``requests`` lists the paths asked
+    for, ``calls`` the same as ``"METHOD path"``.  Reaches the failure paths a
+    healthy Consul never takes: garbage, 5xx, silence, a text another version prints.
+    """
+
+    def __init__(self, respond: Callable[[ScriptedCall], tuple[int, bytes] | None]):
+        self.requests: list[str] = []
+        self.calls: list[str] = []
+        self._stop = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.requests.append(self.path)
+                outer.calls.append(f"{self.command} {self.path}")
+                answer = respond(ScriptedCall(len(outer.requests), self.command, self.path))
+                if answer is None:
+                    outer._stop.wait(30)
+                    return
+                status, body = answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_PUT = answer  # noqa: N815 - http.server naming
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class ScriptedCall(NamedTuple):
+    number: int  # 1 for the first request the server got
+    method: str
+    path: str  # with the query string

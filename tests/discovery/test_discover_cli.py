@@ -107,8 +107,8 @@ def test_unreachable_consul_fails_fast_with_one_line(tmp_path):
 def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
     hosts = json.dumps([{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]).encode()
 
-    def respond(n: int):  # requests 1-2: no leader yet; 3: healthy; 4 on: no leader again
-        return (200, hosts) if n == 3 else (500, b"No cluster leader")
+    def respond(call):  # requests 1-2: no leader yet; 3: healthy; 4 on: no leader again
+        return (200, hosts) if call.number == 3 else (500, b"No cluster leader")
 
     with ScriptedServer(respond) as server:
         env = clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr)
@@ -126,7 +126,7 @@ def test_a_first_call_waits_for_one_slow_answer_a_later_call_does_not(tmp_path):
     hosts = b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]'
     slow = threading.Event()
 
-    def respond(n: int):  # every answer comes 1.5 s late (a large service on a loaded Consul)
+    def respond(call):  # every answer comes 1.5 s late (a large service on a loaded Consul)
         slow.wait(1.5)
         return 200, hosts
 
@@ -167,13 +167,13 @@ def test_acl_token_is_required_and_the_flag_wins(tmp_path):
     ],
 )
 def test_garbage_and_errors_print_nothing(tmp_path, status, body, needle):
-    with ScriptedServer(lambda n: (status, body)) as server:
+    with ScriptedServer(lambda call: (status, body)) as server:
         env = clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr)
         assert_failed(run_discovery(env, "--first-call-retry", "0"), 1, needle)
 
 
 def test_a_silent_consul_is_cut_off_by_the_timeout(tmp_path):
-    with ScriptedServer(lambda n: None) as server:
+    with ScriptedServer(lambda call: None) as server:
         env = clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr)
         assert_failed(run_discovery(env, "--timeout", "0.5", "--first-call-retry", "0"), 1, "did not answer")
 
@@ -265,7 +265,7 @@ def test_transport_bad_answers_print_nothing(tmp_path, answer, needle):
 
 
 def test_a_token_with_a_newline_is_bad_input_not_a_header_injection(tmp_path):
-    with ScriptedServer(lambda n: (200, b"[]")) as server:
+    with ScriptedServer(lambda call: (200, b"[]")) as server:
         result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr, CONSUL_HTTP_TOKEN="abc\r\nX-Evil: 1"))
         assert server.requests == []
     assert result.returncode == 2 and "control characters" in result.stderr and "abc" not in result.stderr

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import re
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from hvd_elastic.devagent import DevCluster
 from hvd_elastic.nodeagent.agent import NodeAgent, Registration
 from hvd_elastic.nodeagent.probes import PASSING, Probe, ProbeResult
 from hvd_elastic.testbed import HVD_ELASTIC, REPO, child_env, start_node_agent, wait_until
-from hvd_elastic.testbed.consul import run_discovery, self_signed_cert
+from hvd_elastic.testbed.consul import ScriptedServer, run_discovery, self_signed_cert
 
 WAIT = 30.0  # seconds any one wait may take: a hang guard, not a speed bound
 PACKAGE = REPO / "hvd_elastic"
@@ -56,55 +54,27 @@ def test_every_command_honours_consul_tls_server_name(tmp_path):
             agent.kill()
 
 
-class ScriptedAgent:
-    """A Consul agent's HTTP API reduced to what the node agent calls, with a TTL update that fails.
+def scripted_agent(update_error: str, knows_check: bool) -> ScriptedServer:
+    """A Consul agent reduced to what the node agent calls, whose every TTL write fails.
 
-    ``update_error`` is the text of the 500 every TTL write (``PUT /v1/agent/check/...``) gets;
+    ``update_error`` is the text of the 500 each ``PUT /v1/agent/check/...`` gets;
     ``knows_check`` decides whether ``GET /v1/agent/checks`` still lists the check.
     """
+    checks = {"service:horovod": {"CheckID": "service:horovod", "Status": "passing"}} if knows_check else {}
 
-    def __init__(self, update_error: str, knows_check: bool):
-        self.calls: list[str] = []
-        self.knows_check = knows_check
-        scripted = self
+    def respond(call):
+        if call.method == "PUT" and call.path.startswith("/v1/agent/check/"):  # update, pass, warn, fail
+            return 500, update_error.encode()
+        if call.method == "GET":
+            return 200, json.dumps(checks).encode()
+        return 200, b""
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_PUT(self):  # noqa: N802 - http.server naming
-                scripted.calls.append(f"PUT {self.path}")
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                if self.path.startswith("/v1/agent/check/"):  # update, pass, warn, fail: any TTL write
-                    self.answer(500, update_error.encode())
-                else:
-                    self.answer(200, b"")
+    return ScriptedServer(respond)
 
-            def do_GET(self):  # noqa: N802
-                scripted.calls.append(f"GET {self.path}")
-                checks = {"service:horovod": {"CheckID": "service:horovod", "Status": "passing"}} if scripted.knows_check else {}
-                self.answer(200, json.dumps(checks).encode())
 
-            def answer(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> ScriptedAgent:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    @property
-    def config(self) -> ConsulConfig:
-        return ConsulConfig(host="127.0.0.1", port=self.server.server_address[1])
+def _config(server: ScriptedServer) -> ConsulConfig:
+    host, port = server.addr.rsplit(":", 1)
+    return ConsulConfig(host=host, port=int(port))
 
 
 class Healthy(Probe):
@@ -125,16 +95,16 @@ def _agent(config: ConsulConfig) -> NodeAgent:
     "Unknown check ID",  # any other wording
 ])
 def test_lost_check_is_found_by_listing_the_agents_checks_whatever_the_error_text(text):
-    with ScriptedAgent(update_error=text, knows_check=False) as consul:
-        agent = _agent(consul.config)
+    with scripted_agent(update_error=text, knows_check=False) as consul:
+        agent = _agent(_config(consul))
         agent.register(ProbeResult(PASSING, "ok"))
         assert agent.report(ProbeResult(PASSING, "ok")) is False  # so tick() registers again
         assert "GET /v1/agent/checks" in consul.calls
 
 
 def test_a_refused_update_of_a_known_check_is_an_error_not_a_reregistration(caplog):
-    with ScriptedAgent(update_error="rpc error: No cluster leader", knows_check=True) as consul:
-        agent = _agent(consul.config)
+    with scripted_agent(update_error="rpc error: No cluster leader", knows_check=True) as consul:
+        agent = _agent(_config(consul))
         with caplog.at_level(logging.WARNING, logger="hvd_elastic.nodeagent"):
             agent.tick()
         registrations = [call for call in consul.calls if call.startswith("PUT /v1/agent/service/register")]
