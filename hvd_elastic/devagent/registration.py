@@ -144,14 +144,20 @@ def _check(node: str, raw: Any, services: dict[str, Service]) -> Check:
                  definition=dict(args.get("Definition", {})))
 
 
-def register(catalog: Catalog, agents: set[str], body: Any) -> None:
-    """Apply a ``RegisterRequest`` body; raises :class:`HTTPError` and writes nothing when it is bad."""
-    args = _decode(body, "RegisterRequest", REGISTER_FIELDS)
+def _decode_request(catalog: Catalog, body: Any, struct: str, fields) -> tuple[dict, str]:
+    """(decoded fields, node name) of a catalog write; the checks every such request passes first."""
+    args = _decode(body, struct, fields)
     _check_datacenter(catalog, args.get("Datacenter", ""))
     _check_enterprise(args)
     node = args.get("Node", "")
     if not node:
         raise _bad("Must provide node")
+    return args, node
+
+
+def register(catalog: Catalog, agents: set[str], body: Any) -> None:
+    """Apply a ``RegisterRequest`` body; raises :class:`HTTPError` and writes nothing when it is bad."""
+    args, node = _decode_request(catalog, body, "RegisterRequest", REGISTER_FIELDS)
     node_id = _node_id(args["ID"]) if args.get("ID") else None
     address = args.get("Address", "")
     skip = args.get("SkipNodeUpdate", False)
@@ -185,12 +191,7 @@ def deregister(catalog: Catalog, agents: set[str], body: Any) -> None:
 
     An unknown node, service or check is no error, as in Consul.
     """
-    args = _decode(body, "DeregisterRequest", DEREGISTER_FIELDS)
-    _check_datacenter(catalog, args.get("Datacenter", ""))
-    _check_enterprise(args)
-    node = args.get("Node", "")
-    if not node:
-        raise _bad("Must provide node")
+    args, node = _decode_request(catalog, body, "DeregisterRequest", DEREGISTER_FIELDS)
     _not_an_agent(agents, node)
     if args.get("ServiceID"):
         catalog.remove_service(node, args["ServiceID"])
