@@ -157,3 +157,21 @@ def test_with_acls_only_the_management_token_writes_the_catalog():
         assert put(raw, "/v1/catalog/register", ext(), token="mgmt") == (200, "true")
         assert put(raw, "/v1/catalog/deregister", {"Node": "ext-1"}, token="reader")[0] == 403
         assert put(raw, "/v1/catalog/deregister", {"Node": "ext-1"}, token="mgmt") == (200, "true")
+
+
+def test_py_consul_registers_reads_and_deregisters_an_external_node(c):
+    # The maintained client, unchanged, as the outside check of shapes and answers.
+    check = {"Node": "ext-py", "CheckID": "ext-py-alive", "Name": "alive", "Status": "passing", "ServiceID": "py-svc-1"}
+    service = {"ID": "py-svc-1", "Service": "py-svc", "Port": 7100, "Meta": {"slots": "2"}}
+    assert c.catalog.register("ext-py", "10.9.8.70", service=service, check=check, node_meta={"rack": "r9"}) is True
+    _, rows = c.health.service("py-svc", passing=True)
+    assert [(r["Node"]["Node"], r["Service"]["Meta"]) for r in rows] == [("ext-py", {"slots": "2"})]
+    _, checks = c.health.node("ext-py")
+    assert [ch["CheckID"] for ch in checks] == ["ext-py-alive"]  # an external node has no serfHealth
+    _, checks = c.health.node("ext-py", filter_expr='CheckID == "none"')
+    assert checks == []
+    assert "serfHealth" not in c.agent.checks()
+    assert c.catalog.deregister("ext-py", service_id="py-svc-1") is True
+    assert c.health.service("py-svc")[1] == []
+    assert c.catalog.deregister("ext-py") is True
+    assert "ext-py" not in [n["Node"] for n in c.catalog.nodes()[1]]
