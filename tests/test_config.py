@@ -80,3 +80,24 @@ def test_unreadable_tls_files_are_a_config_error_naming_them(tmp_path):
 @pytest.mark.parametrize("text, value", [("1", True), ("T", True), ("True", True), ("0", False), ("F", False)])
 def test_parse_bool_like_go(text, value):
     assert parse_bool("X", text) is value
+
+
+def test_a_token_from_a_file_remembers_the_file_and_follows_its_rotation(tmp_path, monkeypatch):
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    path.chmod(0o600)
+    monkeypatch.chdir(tmp_path)
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_TOKEN_FILE": "token"})
+    assert (cfg.token, cfg.token_file) == ("first", str(path))  # absolute: a child may run elsewhere
+    assert cfg.with_fresh_token() is cfg
+    path.write_text("second\n")
+    assert cfg.with_fresh_token().token == "second" and cfg.token == "first"
+    path.unlink()
+    with pytest.raises(ConfigError, match="cannot be read"):
+        cfg.with_fresh_token()
+
+
+def test_a_token_value_has_no_file_to_follow():
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_TOKEN": "value"})
+    assert cfg.token_file is None and cfg.with_fresh_token() is cfg
+    assert "token_file" not in repr(cfg)

@@ -6,7 +6,10 @@ an explicit value (a command-line flag) winning over the environment.
 
 Token precedence, highest first: explicit token, explicit token file,
 ``CONSUL_HTTP_TOKEN``, ``CONSUL_HTTP_TOKEN_FILE``.  The token never appears in
-``repr()`` or logs.
+``repr()`` or logs.  A token read from a file remembers the file, so a
+long-running command (node agent, host-cache watcher) follows a rotated token
+(:meth:`ConsulConfig.with_fresh_token`) and a child can be given the path
+instead of the secret.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class ConsulConfig:
     client_key: str | None = None
     tls_server_name: str | None = None
     datacenter: str | None = None
+    token_file: str | None = dataclasses.field(default=None, repr=False)  # absolute; where ``token`` came from
 
     @property
     def address(self) -> str:
@@ -92,7 +96,7 @@ class ConsulConfig:
         verify_raw = env.get("CONSUL_HTTP_SSL_VERIFY", "")
         verify = True if verify_raw == "" else parse_bool("CONSUL_HTTP_SSL_VERIFY", verify_raw)
 
-        resolved_token = _resolve_token(env, token, token_file)
+        resolved_token, source_file = _resolve_token(env, token, token_file)
         cfg = cls(
             host=host,
             port=port,
@@ -105,10 +109,23 @@ class ConsulConfig:
             client_key=client_key or env.get("CONSUL_CLIENT_KEY") or None,
             tls_server_name=env.get("CONSUL_TLS_SERVER_NAME") or None,
             datacenter=datacenter,
+            token_file=source_file,
         )
         if bool(cfg.client_cert) != bool(cfg.client_key):
             raise ConfigError("CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY must be set together")
         return cfg
+
+    def with_fresh_token(self) -> ConsulConfig:
+        """This configuration with the token read again from its file (itself when the token came from no file).
+
+        Token files are rotated in place by tools such as Vault Agent; a
+        command that runs for days must not keep an expired token.  Raises
+        ConfigError when the file can no longer be read.
+        """
+        if not self.token_file:
+            return self
+        token = read_token_file("token file", self.token_file, warn=False) or None
+        return self if token == self.token else dataclasses.replace(self, token=token)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """An SSL context for https, honouring CA, client certificate and verify settings.
@@ -171,17 +188,18 @@ def token_file_exposure(path: str) -> str | None:
     return None
 
 
-def read_token_file(source: str, path: str) -> str:
+def read_token_file(source: str, path: str, *, warn: bool = True) -> str:
     """The token in ``path``, whitespace stripped (empty when the file is); ``source`` names the setting in errors.
 
-    Raises ConfigError when the file cannot be read; warns when other users may read it.
+    Raises ConfigError when the file cannot be read; with ``warn``, logs a
+    warning when other users may read it.
     """
     try:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as exc:
         raise ConfigError(f"{source}={path!r} cannot be read: {exc.strerror}") from None
-    exposed = token_file_exposure(path)
+    exposed = token_file_exposure(path) if warn else None
     if exposed:  # a warning, not a refusal: a group-shared token file may be a site's deliberate choice
         import logging  # only here: discovery's path stays light
 
@@ -189,13 +207,15 @@ def read_token_file(source: str, path: str) -> str:
     return token
 
 
-def _resolve_token(env: Mapping[str, str], token: str | None, token_file: str | None) -> str | None:
+def _resolve_token(env: Mapping[str, str], token: str | None, token_file: str | None) -> tuple[str | None, str | None]:
+    """(token, the absolute path of the file it came from or None)."""
     if token:
-        return token
+        return token, None
     if token_file:
-        return read_token_file("--token-file", token_file) or None
+        return read_token_file("--token-file", token_file) or None, os.path.abspath(token_file)
     if env.get("CONSUL_HTTP_TOKEN"):
-        return env["CONSUL_HTTP_TOKEN"]
+        return env["CONSUL_HTTP_TOKEN"], None
     if env.get("CONSUL_HTTP_TOKEN_FILE"):
-        return read_token_file("CONSUL_HTTP_TOKEN_FILE", env["CONSUL_HTTP_TOKEN_FILE"]) or None
-    return None
+        path = env["CONSUL_HTTP_TOKEN_FILE"]
+        return read_token_file("CONSUL_HTTP_TOKEN_FILE", path) or None, os.path.abspath(path)
+    return None, None

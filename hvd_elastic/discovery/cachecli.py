@@ -60,7 +60,9 @@ def watch_fetch(config: ConsulConfig, query, options: hostlib.Options, wait: flo
 
     def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
         timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        entries, headers = read_health(config, query, passing=True, index=index, wait=wait, timeout=timeout, retry=False)
+        # A watcher lives as long as its job: follow a token file rotated meanwhile.
+        entries, headers = read_health(config.with_fresh_token(), query, passing=True, index=index, wait=wait,
+                                       timeout=timeout, retry=False)
         answered = time.monotonic()
         raw_index = headers.get("x-consul-index", "")
         if not raw_index.isdigit():
@@ -123,7 +125,7 @@ def start_job_watcher(args: argparse.Namespace, config: ConsulConfig) -> None:
     from hvd_elastic.discovery import watch
 
     try:
-        watch.ensure_running(where[0], where[1], job, argv, config.token)
+        watch.ensure_running(where[0], where[1], job, argv, config)
     except OSError as exc:  # the direct answer stands; the next call tries again
         print(f"discover: cannot start the host cache watcher: {exc}", file=sys.stderr)
 

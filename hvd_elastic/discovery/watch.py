@@ -42,6 +42,10 @@ from collections.abc import Callable
 from hvd_elastic.discovery import cache, jobdir
 from hvd_elastic.discovery import hosts as hostlib
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the direct discovery path imports this module
+if TYPE_CHECKING:
+    from hvd_elastic.consul.config import ConsulConfig
+
 log = logging.getLogger("hvd_elastic.discovery.watch")
 
 JOB_POLL_S = 0.5
@@ -228,13 +232,15 @@ def without_token_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], token: str | None) -> bool:
+def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], config: ConsulConfig) -> bool:
     """Start a background watcher for ``path`` unless one runs; True when one was started.
 
     The child is this interpreter in isolated mode, in its own session, with
     no inherited descriptor (horovodrun waits for EOF on the script's stdout),
-    its output appended to ``PATH.log``, and the token (if any) in its
-    environment only, never on its command line.
+    and its output appended to ``PATH.log``.  It gets the token the way
+    ``config`` (a :class:`~hvd_elastic.consul.config.ConsulConfig`) got it:
+    a token file's path as ``CONSUL_HTTP_TOKEN_FILE`` (it then follows
+    rotation), else the value as ``CONSUL_HTTP_TOKEN``; never on its command line.
     """
     from hvd_elastic.discovery.fast import mark_read
 
@@ -250,8 +256,10 @@ def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], t
     cmd = [sys.executable, "-I", "-S", "-c", _BOOT, package_parent, "--watch", "--cache-file", path,
            "--cache-key", key, "--job", f"{job[0]}-{job[1]}", *without_token_flags(argv)]
     env = {k: v for k, v in os.environ.items() if k not in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE")}
-    if token:
-        env["CONSUL_HTTP_TOKEN"] = token
+    if config.token_file:
+        env["CONSUL_HTTP_TOKEN_FILE"] = config.token_file
+    elif config.token:
+        env["CONSUL_HTTP_TOKEN"] = config.token
     log_path = path + ".log"
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

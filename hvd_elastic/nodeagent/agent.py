@@ -14,6 +14,8 @@ Contract:
   text changed across versions, so a refused update is followed by a look at
   ``GET /v1/agent/checks``: the check missing there is the signal, not the text.
 * Health transitions and Consul reachability changes are logged once each.
+* A token from a file is read again every tick, so a token rotated in place
+  (Vault Agent and the like) takes effect without a restart.
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
   and SIGINT).  Maintenance mode (``hvd-elastic drain``) is a separate check the
   agent never touches, so a drained node stays drained while the agent runs.
@@ -126,6 +128,7 @@ class NodeAgent:
         result = run_probes(self.probes)
         self._note_health(result)
         try:
+            self.config = self.config.with_fresh_token()  # a rotated token file is followed, not outlived
             if not self.registered or not self.report(result):
                 if self.registered:
                     log.warning("Consul lost check %r (agent restarted?); registering again", self.registration.check_id)

@@ -139,3 +139,29 @@ def test_one_consul_transport():
         if clients or "create_connection(" in path.read_text():
             offenders[name] = clients or ["socket.create_connection"]
     assert offenders == {}
+
+
+@pytest.mark.slow
+def test_the_node_agent_follows_a_token_file_rotated_in_place(tmp_path):
+    good = "mgmt-token-for-this-test"
+    token_file = tmp_path / "consul-token"
+
+    def write_token(token: str) -> None:  # atomically, as Vault Agent and consul-template do
+        tmp = tmp_path / "consul-token.new"
+        tmp.write_text(token + "\n")
+        tmp.chmod(0o600)
+        tmp.replace(token_file)
+
+    write_token("expired-" + good)
+    with DevCluster(nodes=["localhost"], acl_token=good) as cluster:
+        env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=cluster.addr("localhost"),
+                        CONSUL_HTTP_TOKEN_FILE=str(token_file))
+        agent = start_node_agent("--probe", "memory", "--min-free-memory", "1K", "--slots", "3", "--interval", "0.3",
+                                 env=env, logdir=tmp_path, name="agent")
+        try:
+            wait_until("the refusal to be logged", lambda: "refused access (403" in agent.read_log(), WAIT)
+            write_token(good)  # no restart
+            wait_until("registration with the rotated token", lambda: run_discovery(env).stdout == "localhost:3\n", WAIT)
+            assert "expired-" not in agent.read_log() and good not in agent.read_log()
+        finally:
+            agent.kill()
