@@ -160,8 +160,11 @@ class ElasticCluster:
     # -- the job -------------------------------------------------------------------
 
     def start_job(self, np: int, min_np: int, max_np: int, *worker_args: str, host_file: str | None = None,
-                  name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = ()) -> TrainingJob:
+                  name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = (),
+                  env: dict[str, str] | None = None) -> TrainingJob:
         """Elastic horovodrun on the launcher training :mod:`.worker` into ``out`` (default ``workdir/name``).
+
+        ``env``: extra variables for horovodrun and so every worker (an off switch to compare, say).
 
         Hosts come from Consul through ``discovery/consul_hosts``, or, with
         ``host_file`` (initial ``host:slots`` lines), from a plain host file the
@@ -177,7 +180,7 @@ class ElasticCluster:
                                  VENV_BIN / "python", "-m", "hvd_elastic.testbed.worker", "--out", out, *worker_args)
         env = self.bed.env(child_env(discovery_state=out / "discovery-state",
                                      HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
-                                     **self.consul_env))
+                                     **self.consul_env, **(env or {})))
         job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
                           also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         self.jobs.append(job)

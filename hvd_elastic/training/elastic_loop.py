@@ -13,6 +13,10 @@ different collective.
 agree, with one tiny allreduce, whether ANY of them needs the sync (a new
 process always does; after a failure everyone does).  That allreduce is the
 first collective of every world, on every rank, so it always matches.
+
+A rank whose Horovod failed also hangs up its Gloo connections before the
+reset (:mod:`.gloo_hangup`), so a peer waiting on it fails now instead of
+after the Gloo timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 
 import horovod.torch as hvd
+from hvd_elastic.training import gloo_hangup
 from hvd_elastic.training.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -38,7 +43,8 @@ def _reset() -> None:
 def run_elastic(fn, state, *args, **kwargs):
     """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
 
-    On ``HorovodInternalError`` the state is restored to its last commit; on
+    On ``HorovodInternalError`` this rank's Gloo connections are hung up and
+    the state is restored to its last commit; on
     ``HostsUpdatedInterrupt`` it is kept.  Then Horovod is re-initialised (the new
     world's rendezvous), ``state.on_reset()`` runs, and the state is synced from
     rank 0 unless every rank of the new world agrees it may be skipped.
@@ -53,6 +59,7 @@ def run_elastic(fn, state, *args, **kwargs):
                     state.sync()
                 return fn(state, *args, **kwargs)
             except HorovodInternalError:
+                gloo_hangup.hang_up()  # first: a peer blocked on this rank learns of the failure now
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:

@@ -1,0 +1,60 @@
+"""Two ranks: rank 0 hangs up its Gloo connections while rank 1 waits in an allreduce.
+
+Rank 0 also holds the kinds of connection a user's code may own (a TCP
+connection of its own, an epoll watching a UNIX socket pair and a TCP socket,
+like asyncio's loop) and checks they survive.  After the hang-up rank 0
+stays alive until rank 1 has reported (at most ``PATIENCE`` seconds), so rank
+1 can tell a hang-up from the end of rank 0's process: it records whether
+rank 0 had already finished when its allreduce failed.  Each rank writes
+``OUT/rank<N>.json``.
+"""
+
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+import torch
+
+import horovod.torch as hvd
+from hvd_elastic.training import gloo_hangup
+
+out = sys.argv[1]
+PATIENCE = 20.0
+hvd.init()
+hvd.allreduce(torch.ones(1), name="warm-up")  # every Gloo pair is connected by now
+report: dict = {"rank": hvd.rank()}
+
+if hvd.rank() == 0:
+    server = socket.create_server(("127.0.0.1", 0))
+    user = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    waker, woken = socket.socketpair()
+    loop = select.epoll()
+    loop.register(woken.fileno(), select.EPOLLIN)
+    loop.register(user.fileno(), select.EPOLLIN)
+    user_fds = {user.fileno(), accepted.fileno(), server.fileno(), waker.fileno(), woken.fileno()}
+
+    found = gloo_hangup.gloo_sockets()
+    report["found"] = len(found)
+    report["user_sockets_found"] = sorted(user_fds & set(found))
+    time.sleep(2)  # rank 1 is in its allreduce, waiting on this rank
+    report["hung_up"] = len(gloo_hangup.hang_up())
+    user.sendall(b"still here")
+    report["user_connection_works"] = accepted.recv(16) == b"still here"
+    deadline = time.monotonic() + PATIENCE
+    while not os.path.exists(os.path.join(out, "rank1.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+else:
+    try:
+        hvd.allreduce(torch.ones(1), name="never-answered")
+        report["error"] = None
+    except Exception as exc:  # HorovodInternalError, whatever Horovod wraps it in
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["rank0_had_finished"] = os.path.exists(os.path.join(out, "rank0.json"))
+
+with open(os.path.join(out, f"rank{report['rank']}.json"), "w") as f:
+    json.dump(report, f)
+os._exit(0)  # Horovod's shutdown would wait on the hung-up peer
