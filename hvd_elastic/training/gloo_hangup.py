@@ -17,8 +17,8 @@ receive fails with "Connection closed by peer" and it resets too.  The
 descriptors stay Gloo's: it closes them when the old context goes away.
 
 Which sockets are Gloo's: Gloo's TCP transport runs one event loop per
-device, an epoll instance watching a wake-up PIPE and the device's connected
-TCP sockets (its pairs).  Nothing else we know of in a training process has
+device, an epoll instance watching a wake-up PIPE and the device's TCP
+sockets (its pairs; no listener).  Nothing else we know of in a training process has
 that shape: asyncio's loops wake up through a UNIX socket pair, and
 ``socketserver`` and multiprocessing use poll, not epoll.  An epoll watching
 anything else is left alone, so a user's connections are not cut.
@@ -66,16 +66,15 @@ def _watched(epoll_fd: int) -> list[int]:
         return []
 
 
-def _is_connected_tcp(fd: int) -> bool:
+def _is_tcp_stream(fd: int) -> bool:
+    """A TCP socket that is not a listener: connected, or once connected and since reset by its peer."""
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
         return False
     try:
-        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return False
-        sock.getpeername()  # OSError (ENOTCONN) for a listener or an unconnected socket
-        return True
+        return (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+                and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
     except OSError:
         return False
     finally:
@@ -83,7 +82,12 @@ def _is_connected_tcp(fd: int) -> bool:
 
 
 def gloo_sockets() -> list[int]:
-    """This process's Gloo pair sockets: the connected TCP sockets of every epoll shaped like Gloo's loop."""
+    """This process's Gloo pair sockets: the TCP sockets of every epoll shaped like Gloo's loop.
+
+    After a crash some of them are already reset by the dead peer (no longer
+    connected, still registered): they belong to the shape too, or the loop of
+    a survivor that lost two peers would not be recognised.
+    """
     try:
         names = os.listdir(FD_DIR)
     except OSError:
@@ -95,7 +99,7 @@ def gloo_sockets() -> list[int]:
         watched = _watched(int(name))
         pipes = [fd for fd in watched if _target(fd).startswith("pipe:")]
         others = [fd for fd in watched if fd not in pipes]
-        if pipes and others and all(_is_connected_tcp(fd) for fd in others):
+        if pipes and others and all(_is_tcp_stream(fd) for fd in others):
             found.extend(others)
     return sorted(set(found))
 
@@ -117,7 +121,7 @@ def hang_up() -> list[int]:
         try:
             sock.shutdown(socket.SHUT_RDWR)  # shutdown acts on the socket, which the duplicate shares
         except OSError:
-            pass  # already reset by the peer
+            pass  # already reset by the peer: nothing to tell it
         finally:
             sock.close()
     if fds:
