@@ -49,6 +49,7 @@ def run_elastic(fn, state, *args, **kwargs):
     world's rendezvous), ``state.on_reset()`` runs, and the state is synced from
     rank 0 unless every rank of the new world agrees it may be skipped.
     """
+    gloo_hangup.enabled()  # a bad HVD_ELASTIC_GLOO_HANGUP is an error now, not at the first failure
     notification_manager.init()
     notification_manager.register_listener(state)
     skip_sync = False  # this process has never synced: it needs rank 0's state

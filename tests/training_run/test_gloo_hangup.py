@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.testbed import VENV_BIN, child_env
 from hvd_elastic.training import gloo_hangup
 
@@ -89,3 +90,11 @@ def test_a_gloo_shaped_loop_is_recognised_even_with_a_peer_already_reset():
         assert gloo_hangup.hang_up() == sorted([live.fileno(), dead.fileno()])
         live_peer.settimeout(5)
         assert live_peer.recv(1) == b""  # the live pair's peer reads the end of the stream now
+
+
+def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(gloo_hangup.ENV, "sometimes")
+    with pytest.raises(ConfigError, match="HVD_ELASTIC_GLOO_HANGUP='sometimes' is not a boolean"):
+        gloo_hangup.enabled()
+    monkeypatch.setenv(gloo_hangup.ENV, "0")
+    assert gloo_hangup.enabled() is False and gloo_hangup.hang_up() == []
