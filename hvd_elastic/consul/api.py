@@ -29,6 +29,13 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+def _object(config: ConsulConfig, path: str, answer) -> dict:
+    """``answer`` of ``path``, which Consul documents as a JSON object; ConsulError when it is not."""
+    if not isinstance(answer, dict):
+        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not an object", retryable=False)
+    return answer
+
+
 def leader(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> str:
     """``GET /v1/status/leader``: the Raft leader's address, "" while there is none."""
     answer = client.get_json(config, "/v1/status/leader", timeout=timeout, retry=False)
@@ -41,18 +48,14 @@ def agent_services(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> 
     An empty answer to a call without a token, from an agent that denies
     anonymous requests, is an error (ACLs hide everything), not "no services".
     """
-    services = client.check_not_hidden(config, client.get_json(config, "/v1/agent/services", timeout=timeout), timeout)
-    if not isinstance(services, dict):
-        raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/services with something that is not an object", retryable=False)
-    return services
+    path = "/v1/agent/services"
+    return _object(config, path, client.check_not_hidden(config, client.get_json(config, path, timeout=timeout), timeout))
 
 
 def agent_checks(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     """``GET /v1/agent/checks``: {check ID: check} registered on this agent."""
-    checks = client.get_json(config, "/v1/agent/checks", timeout=timeout)
-    if not isinstance(checks, dict):
-        raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/checks with something that is not an object", retryable=False)
-    return checks
+    path = "/v1/agent/checks"
+    return _object(config, path, client.get_json(config, path, timeout=timeout))
 
 
 def register_service(config: ConsulConfig, definition: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:

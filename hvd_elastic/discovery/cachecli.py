@@ -24,6 +24,10 @@ from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.options import ConfigError, argument_type, consul_config, env, positive_float
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's direct path imports this module
+if TYPE_CHECKING:
+    from hvd_elastic.discovery.query import HealthQuery
+
 cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
 job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
 
@@ -49,11 +53,10 @@ WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a lar
 WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
 
 
-def watch_fetch(config: ConsulConfig, query, options: hostlib.Options, wait: float, plain_timeout: float):
+def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, wait: float, plain_timeout: float):
     """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time).
 
-    ``query`` is the :class:`~hvd_elastic.discovery.query.HealthQuery`; a
-    blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
+    A blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
     ``plain_timeout``.
     """
     from hvd_elastic.discovery.query import read_health
