@@ -23,6 +23,12 @@ regression data set, committing after every step, and leaves evidence in ``DIR``
 While ``DIR/stall-checkpoints`` exists, checkpoint writes stall before they
 become durable, so a test can kill the job in the middle of one.
 
+While ``DIR/hold-epoch-<E>`` exists, every rank stops after the last commit of
+epoch ``E`` (the epoch complete, not yet advanced), writes
+``DIR/held-epoch-<E>-<rank>`` with its step, and waits; then the epoch ends with
+an allreduce (a validation metric, as real scripts have), so a fault injected
+during the hold lands exactly on an epoch's last commit.
+
 Training goes on epoch after epoch until ``DIR/stop`` exists at an epoch's end
 (the decision is an allreduce, so every rank stops at the same epoch), or
 ``--epochs`` is reached.  Each step sleeps ``--step-sleep`` seconds until ``DIR/fast``
@@ -146,6 +152,22 @@ class Evidence:
         if seconds and not (self.flag("fast") or self.flag("stop")):
             time.sleep(seconds)
 
+    def hold(self, name: str, step: int, limit: float = 300.0) -> None:
+        """While ``DIR/hold-<name>`` exists: write ``DIR/held-<name>-<rank>`` (holding ``step``), then wait.
+
+        Bounded by ``limit`` seconds, so a test that never releases it cannot hang the job.
+        """
+        if not self.flag(f"hold-{name}"):
+            return
+        write_atomic(os.path.join(self.out, f"held-{name}-{hvd.rank()}"), {"step": step, "pid": os.getpid()})
+        deadline = time.monotonic() + limit
+        while self.flag(f"hold-{name}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def epoch_metric(self, value: float) -> float:
+        """The epoch's mean of ``value`` over the ranks: the collective a validation pass ends with."""
+        return hvd.allreduce(torch.tensor([value]), name="epoch_metric").item()
+
     def stop_requested(self) -> bool:
         flag = float(hvd.rank() == 0 and self.flag("stop"))
         return hvd.allreduce(torch.tensor([flag]), op=hvd.Max, name="stop").item() > 0
@@ -219,6 +241,8 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
                 state.commit()
                 evidence.committed(state.step, state.epoch)
                 evidence.pause(args.step_sleep)
+            evidence.hold(f"epoch-{state.epoch}", state.step)
+            evidence.epoch_metric(float(state.step))
             state.epoch += 1
             state.commit()
             if evidence.stop_requested():

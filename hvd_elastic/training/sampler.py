@@ -23,7 +23,21 @@ any ``num_workers``) never moves the position; the training loop calls
 (``state.commit_step()`` does both).  Forgetting a piece is an error, not a
 silent replay: two commits in a row that see batches drawn but no step
 recorded raise (see :class:`~hvd_elastic.training.components.SamplerAdapter`),
-and so does a second pass over an exhausted epoch without :meth:`set_epoch`.
+and so does a pass over an epoch that the previous pass exhausted, with no
+:meth:`set_epoch` in between.
+
+Passes, not ``iter()`` calls
+----------------------------
+A pass over an exhausted epoch yields nothing.  That is normal once after
+anything that moved the sampler from outside the loop: :meth:`set_epoch`,
+:meth:`load_state_dict` (a restore, a resume from a checkpoint) or
+:meth:`set_world` (a reset); a reset or a resume that lands on an epoch's
+last commit re-enters the loop exactly so.  A pass right after another pass,
+with none of those between, means the loop never calls :meth:`set_epoch`,
+and is refused.  A pass begins at the first ``next()`` of an iterator, not at
+``iter()``: a ``DataLoader`` with worker processes calls ``iter()`` on its
+batch sampler twice per pass (``_BaseDataLoaderIter.__init__`` and
+``_MultiProcessingDataLoaderIter._reset``) and draws from the second only.
 
 torchdata's ``StatefulDataLoader`` works too: the sampler's iterators are
 stateful, so ``loader.state_dict()`` holds the position after the batches
@@ -103,8 +117,8 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self._order_cache: tuple[int, torch.Tensor] | None = None
         #: batches handed out by this sampler's iterators, ever (drawn, not completed)
         self.batches_drawn = 0
-        # passes begun over an exhausted epoch since the last set_epoch/load_state_dict
-        self._exhausted_passes = 0
+        # whether the next pass may find the epoch exhausted (see "Passes" above)
+        self._empty_pass_ok = True
 
     # -- world ---------------------------------------------------------------------------
 
@@ -122,6 +136,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self._step_samples = None if step_samples is None else int(step_samples)
+        self._empty_pass_ok = True
 
     @property
     def step_samples(self) -> int:
@@ -142,7 +157,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         ``for state.epoch in range(state.epoch, epochs): sampler.set_epoch(state.epoch)``
         resumes mid-epoch after a reset or a restart from a checkpoint.
         """
-        self._exhausted_passes = 0
+        self._empty_pass_ok = True
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self.offset = 0
@@ -201,18 +216,18 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> "_Batches":
-        if self.remaining == 0:
-            # One empty pass is normal (a reset right at the end of an epoch);
-            # a second one means the loop never calls set_epoch().
-            self._exhausted_passes += 1
-            if self._exhausted_passes > 1:
-                raise RuntimeError(
-                    f"ExactlyOnceSampler: epoch {self.epoch} is exhausted ({self.num_samples} samples recorded) "
-                    f"and iterated again: call sampler.set_epoch(epoch) at the start of every epoch"
-                )
         # The partition is fixed NOW (not at the first next()): prefetching
         # DataLoaders create the iterator and then race ahead of record_batch.
         return _Batches(self)
+
+    def _begin_pass(self, offset: int) -> None:
+        """A pass starting at ``offset`` draws its first batch (see "Passes" above)."""
+        empty_ok, self._empty_pass_ok = self._empty_pass_ok, False
+        if offset >= self.num_samples and not empty_ok:
+            raise RuntimeError(
+                f"ExactlyOnceSampler: epoch {self.epoch} is exhausted ({self.num_samples} samples recorded) "
+                f"and iterated again: call sampler.set_epoch(epoch) at the start of every epoch"
+            )
 
     def __len__(self) -> int:
         """Global steps left in the epoch: the same on every rank."""
@@ -260,7 +275,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.offset = offset
         self._order_cache = None
-        self._exhausted_passes = 0
+        self._empty_pass_ok = True
 
 
 class _Batches:
@@ -273,6 +288,7 @@ class _Batches:
 
     def __init__(self, sampler: ExactlyOnceSampler):
         self.sampler = sampler
+        self._begun = False
         self._reset()
 
     def _reset(self) -> None:
@@ -284,6 +300,9 @@ class _Batches:
         return self
 
     def __next__(self) -> list[int]:
+        if not self._begun:
+            self._begun = True
+            self.sampler._begin_pass(self.offset)
         size = _step_size(len(self.order), self.offset, self.step, self.world)
         if size == 0:
             raise StopIteration
