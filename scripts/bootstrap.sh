@@ -25,8 +25,9 @@ VENV=${HVD_ELASTIC_VENV:-$REPO/.venv}
 PYTHON=${PYTHON:-python3.11}
 TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
-# Open MPI for Horovod's MPI controller and mpi4py; sshd for the multi-host test bed's hosts.
-APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server)
+# Open MPI for Horovod's MPI controller and mpi4py; sshd for the multi-host test bed's hosts; openssl for
+# the TLS tests' certificates.
+APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl)
 WHEEL_CACHE=${HVD_ELASTIC_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-elastic/wheels}
 STAMP=$VENV/.hvd-elastic-ready
 LOG_DIR=$(mktemp -d -t hvd-elastic-bootstrap.XXXXXX)

@@ -1,12 +1,27 @@
 """The end-of-run verdict on what :mod:`hvd_elastic.testbed.worker` left behind.
 
-The rule for rolled-back steps: a ledger record counts only if its step key
-``[epoch, offset, world_size, step_samples]`` is in rank 0's final committed
-``history``.  A step that ran but was rolled back (a crash before its commit,
-a reset that restored an older commit, a job restarted from an older
-checkpoint) is either absent from the history or replayed under the same key;
-a replay must carry the same indices on the same rank, and that is checked.
-Every committed step must have the records of every rank of its world.
+The rule for rolled-back steps (:func:`committed_samples`, the one place it is
+applied): a ledger record counts only if its step key ``[epoch, offset,
+world_size, step_samples]`` is in rank 0's final committed ``history``.  A step
+that ran but was rolled back (a crash before its commit, a reset that restored
+an older commit, a job restarted from an older checkpoint) is either absent from
+the history or replayed under the same key; a replay must carry the same indices
+on the same rank, and that is checked.  Every committed step must have the
+records of every rank of its world.
+
+Rank agreement proves little on its own: after any failure every rank is synced
+from rank 0, so the ranks are equal by construction, also when rank 0 itself is
+wrong.  So the verdict also checks each rank against the committed history
+alone (:func:`step_problems`):
+
+* the LR scheduler's ``last_epoch`` and every optimizer state's ``step`` equal
+  the number of committed steps (a step applied twice, or one lost, moves them);
+* the committed ``digests`` chain: each committed step records the digest of
+  parameters and optimizer state before and after it; each step must start from
+  what the previous one ended with, and the final state must be what the last
+  one ended with.  A step replayed on a model that already took it, a restore
+  from the wrong commit, or a resume whose model is a fresh initialisation (that
+  the sync then made equal everywhere) all break a link.
 """
 
 from __future__ import annotations
@@ -14,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from .records import JsonLines
@@ -42,8 +58,56 @@ class Verdict:
         return found
 
 
+def committed_samples(records: Iterable[dict], history: Iterable) -> tuple[dict[int, collections.Counter], list[str]]:
+    """Apply the rule of rolled-back steps: (per epoch, how often each sample was trained; errors).
+
+    ``records`` are ledger rows (``key``, ``rank``, ``idx``), ``history`` rank 0's
+    committed step keys.
+    """
+    errors: list[str] = []
+    by_step: dict[tuple, dict[int, list[int]]] = collections.defaultdict(dict)
+    for rec in records:
+        key = tuple(rec["key"])
+        first = by_step[key].setdefault(rec["rank"], rec["idx"])
+        if first != rec["idx"]:
+            errors.append(f"rank {rec['rank']} trained two different batches under step {list(key)}")
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for key in map(tuple, history):
+        epoch, _, world, _ = key
+        have = sorted(by_step.get(key, {}))
+        if have != list(range(world)):
+            errors.append(f"committed step {list(key)} has records of ranks {have}, expected 0..{world - 1}")
+        for idx in by_step.get(key, {}).values():
+            per_epoch[epoch].update(idx)
+    return per_epoch, errors
+
+
+def step_problems(final: dict, history: list, digests: list | None) -> list[str]:
+    """What one rank's ``final`` says against the committed history (see the module docstring)."""
+    steps, rank = len(history), final["rank"]
+    found = []
+    last_epoch = final["scheduler"].get("last_epoch")
+    if last_epoch is not None and last_epoch != steps:
+        found.append(f"rank {rank}: scheduler last_epoch {last_epoch} after {steps} committed steps")
+    wrong = [s for s in final.get("optimizer_steps", []) if s != steps]
+    if wrong:
+        found.append(f"rank {rank}: optimizer state step {sorted(set(wrong))} after {steps} committed steps")
+    if digests is None:
+        return found + ["no committed digests chain in rank 0's final"]
+    if len(digests) != steps:
+        return found + [f"{len(digests)} committed digests for {steps} committed steps"]
+    for i in range(1, steps):
+        if digests[i][0] != digests[i - 1][1]:
+            found.append(f"committed step {history[i]} started from a state that is not what step {history[i - 1]} "
+                         f"ended with: a step applied twice, or a restore or resume from the wrong state")
+            break
+    if steps and final["checksum"] != digests[-1][1]:
+        found.append(f"rank {rank}: final state is not what the last committed step {history[-1]} ended with")
+    return found
+
+
 def verdict(out: Path) -> Verdict:
-    """Check the finals and the ledger under ``out`` (see the module docstring for the rule)."""
+    """Check the finals and the ledger under ``out`` (see the module docstring for the rules)."""
     finals = [json.loads(p.read_text()) for p in sorted(Path(out).glob("final-*.json"))]
     errors: list[str] = []
     if not finals:
@@ -53,21 +117,12 @@ def verdict(out: Path) -> Verdict:
         errors.append(f"finals of ranks {ranks}, expected 0..{finals[0]['size'] - 1}")
     rank0 = next((f for f in finals if f["rank"] == 0), finals[0])
     identical = all(f["checksum"] == rank0["checksum"] and f["scheduler"] == rank0["scheduler"] for f in finals)
+    history = rank0["history"] or []
+    for final in finals:
+        errors += step_problems(final, history, rank0.get("digests"))
 
-    records: dict[tuple, dict[int, list[int]]] = collections.defaultdict(dict)
-    for rec in JsonLines(Path(out) / "ledger" / "*.jsonl").rows():
-        key = tuple(rec["key"])
-        first = records[key].setdefault(rec["rank"], rec["idx"])
-        if first != rec["idx"]:
-            errors.append(f"rank {rec['rank']} trained two different batches under step {list(key)}")
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for key in map(tuple, rank0["history"] or []):
-        epoch, _, world, _ = key
-        have = sorted(records.get(key, {}))
-        if have != list(range(world)):
-            errors.append(f"committed step {list(key)} has records of ranks {have}, expected 0..{world - 1}")
-        for idx in records.get(key, {}).values():
-            per_epoch[epoch].update(idx)
+    per_epoch, ledger_errors = committed_samples(JsonLines(Path(out) / "ledger" / "*.jsonl").rows(), history)
+    errors += ledger_errors
     lost = duplicated = 0
     everything = range(rank0["samples"])
     for epoch in range(rank0["epochs"]):

@@ -10,13 +10,15 @@ regression data set, committing after every step, and leaves evidence in ``DIR``
   the sample indices.  With ``--api hvd_elastic`` the committed ``history``
   user value lists the key of every committed step, so :mod:`.ledger` counts a
   record only if its key is in the final history (rolled-back steps never count;
-  a replayed key carries the same indices).
+  a replayed key carries the same indices).  The committed ``digests`` value
+  holds, per committed step, the digest of parameters and optimizer state
+  before and after it (:mod:`.ledger` checks the chain).
 * ``progress.jsonl``: rank 0 appends ``{"time", "step", "size", "epoch", "host"}``
   after every commit: what tests wait on and benchmarks time.
 * ``pids/<pid>.json``: rank, size and host of each worker since its last (re)start, and
   when its process started, finished importing and finished ``hvd.init()``.
-* ``final-<rank>.json``: parameter and optimizer checksums, scheduler state and
-  (rank 0) the history, when training ends.
+* ``final-<rank>.json``: parameter and optimizer checksums, scheduler state, the
+  optimizer states' step counts and (rank 0) the history and digests, when training ends.
 * ``events.jsonl`` and ``ckpt/``: the run decorator's event log and checkpoints
   (``--api hvd_elastic`` only).
 
@@ -34,6 +36,16 @@ Training goes on epoch after epoch until ``DIR/stop`` exists at an epoch's end
 ``--epochs`` is reached.  Each step sleeps ``--step-sleep`` seconds until ``DIR/fast``
 or ``DIR/stop`` exists, so faults land mid-run.
 
+Every step ends, between ``optimizer.step()`` and ``state.commit()``, with an
+allreduce of its loss (as real scripts log it).  When ``DIR/die-after-step``
+exists (``RANK STEP``, default ``1 5``), that rank claims it at that step or
+later and SIGKILLs itself there, after its own optimizer step: its peers' update
+is applied, and they fail inside that collective, the window where a restore
+must roll the update back.
+``--broken-restore`` (tests only) is a deliberately broken ``restore()`` that
+rolls back sampler and values but not model, optimizer and scheduler, for the
+proof that :mod:`.ledger` catches a step applied twice.
+
 ``--api horovod`` is stock Horovod elastic (``hvd.elastic.TorchState`` with an
 ``ElasticSampler``), the baseline of the recovery benchmark; it writes progress
 and pids but no ledger check applies (its sampler does not promise exactly-once).
@@ -42,9 +54,11 @@ and pids but no ledger check applies (its sampler does not promise exactly-once)
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
+import signal
 import socket
 import time
 
@@ -82,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="commits between checkpoints")
+    parser.add_argument("--broken-restore", action="store_true",
+                        help="tests only: restore() leaves model, optimizer and scheduler as they are")
     return parser.parse_args(argv)
 
 
@@ -126,7 +142,8 @@ class Evidence:
         self._ledger.write(json.dumps({"key": key, "rank": hvd.rank(), "idx": [int(i) for i in indices]}) + "\n")
 
     def tracked_batch(self, state, sampler, indices) -> list:
-        """Ledger record and committed-``history`` entry of the batch about to train; its step key.
+        """Ledger record, committed-``history`` entry and digest before the step of the batch about to
+        train; its step key.
 
         Call before the step: a step that is rolled back leaves its record, and its key
         leaves ``history`` with the restore, which is the rule :mod:`.ledger` applies.
@@ -134,7 +151,24 @@ class Evidence:
         key = [state.epoch, sampler.offset, hvd.size(), sampler.step_samples]
         self.batch(key, indices)
         state.history.append(key)
+        state.digests.append([checksum(state.model, state.optimizer), None])
         return key
+
+    def applied(self, state) -> None:
+        """After ``optimizer.step()``: the step's digest after; then, when asked, this rank dies here."""
+        state.digests[-1][1] = checksum(state.model, state.optimizer)
+        claim = os.path.join(self.out, "die-after-step")
+        if not os.path.exists(claim):
+            return
+        with open(claim) as f:
+            rank, step = (int(v) for v in (f.read().split() or ["1", "5"]))
+        if hvd.rank() == rank and state.step + 1 >= step:
+            try:
+                os.unlink(claim)  # one process wins the claim: the fault happens once
+            except FileNotFoundError:
+                return
+            time.sleep(1.0)  # the peers' updates are applied and they wait in the next collective
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def committed(self, step: int, epoch: int, **fields) -> None:
         """Rank 0's progress row for a committed step; ``fields`` (a loss) are added to it."""
@@ -173,6 +207,12 @@ class Evidence:
         return hvd.allreduce(torch.tensor([flag]), op=hvd.Max, name="stop").item() > 0
 
 
+def step_loss(loss: torch.Tensor) -> float:
+    """The step's loss over the world: the collective real scripts run between ``optimizer.step()`` and
+    ``commit()`` to log it."""
+    return hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     hvd.init()  # a joining worker's rendezvous with the survivors happens in here
@@ -195,21 +235,37 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_final(out: str, model, optimizer, scheduler, state, samples: int) -> None:
     """``final-<rank>.json``, what :func:`hvd_elastic.testbed.ledger.verdict` reads: checksums, scheduler,
-    (rank 0) the committed ``history`` of step keys, the epochs trained and the data set's size."""
+    the optimizer states' step counts, (rank 0) the committed ``history`` of step keys and their
+    ``digests``, the epochs trained and the data set's size."""
+    rank0 = hvd.rank() == 0
     write_atomic(os.path.join(out, f"final-{hvd.rank()}.json"), {
         "rank": hvd.rank(), "size": hvd.size(), "checksum": checksum(model, optimizer),
         "scheduler": scheduler.state_dict(), "lr": optimizer.param_groups[0]["lr"],
-        "history": getattr(state, "history", None) if hvd.rank() == 0 else None,
+        "optimizer_steps": [int(entry["step"]) for entry in optimizer.state.values() if "step" in entry],
+        "history": getattr(state, "history", None) if rank0 else None,
+        "digests": getattr(state, "digests", None) if rank0 else None,
         "epochs": state.epoch, "samples": samples,
     })
 
 
-def _step(model, optimizer, scheduler, x, y, world_batch: int) -> None:
+def _step(model, optimizer, scheduler, x, y, world_batch: int) -> torch.Tensor:
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / world_batch
     loss.backward()
     optimizer.step()
     scheduler.step()
+    return loss
+
+
+class _BrokenRestore:
+    """Tests only: a restore() that rolls back sampler and values but keeps model, optimizer and
+    scheduler as they are (a regression :mod:`.ledger` must catch)."""
+
+    def restore(self) -> None:
+        live = [(obj, copy.deepcopy(obj.state_dict())) for obj in (self.model, self.optimizer, *self.schedulers)]
+        super().restore()
+        for obj, kept in live:
+            obj.load_state_dict(kept)
 
 
 def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
@@ -220,8 +276,9 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
     sampler = ExactlyOnceSampler(dataset, args.batch, seed=7)
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=ExactlyOnceSampler.collate())
-    state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
-                          epoch=0, step=0, history=[])
+    cls = type("BrokenRestoreState", (_BrokenRestore, TrainingState), {}) if args.broken_restore else TrainingState
+    state = cls(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
+                epoch=0, step=0, history=[], digests=[])
     empty = ([], torch.zeros(0, 16), torch.zeros(0))
 
     @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,
@@ -233,7 +290,9 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
             for batch in loader:
                 indices, x, y = batch if batch is not None else empty
                 evidence.tracked_batch(state, sampler, indices)
-                _step(model, optimizer, scheduler, x, y, args.batch * hvd.size())
+                loss = _step(model, optimizer, scheduler, x, y, args.batch * hvd.size())
+                evidence.applied(state)
+                step_loss(loss)
                 sampler.record_batch()
                 state.step += 1
                 # While DIR/stall-checkpoints exists, writes stall (read by the writer at each write).

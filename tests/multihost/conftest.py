@@ -1,4 +1,4 @@
-"""The multi-host fault matrix: skipped with the reason where the netns test bed cannot run."""
+"""The multi-host fault matrix: skipped with the reason where the netns test bed cannot run (a failure in CI, see tests/conftest.py)."""
 
 from __future__ import annotations
 

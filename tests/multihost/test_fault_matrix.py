@@ -81,6 +81,37 @@ def test_worker_sigkill(cluster, reliability):
     assert "restore" in [e["event"] for e in events]
 
 
+def kill_inside_the_step_collective(cluster, *worker_args: str):
+    """A job of 3 in which rank 1 SIGKILLs itself after its optimizer step, before the step's loss allreduce."""
+    job = cluster.start_job(3, 2, 3, *worker_args, horovodrun_args=COOLDOWN)
+    cluster.wait_steps(job, size=3, steps=3)
+    (job.out / "die-after-step").write_text("1 0")  # rank 1, at its next step
+    job.wait_until("rank 1 to die after its optimizer step", lambda: not (job.out / "die-after-step").exists(),
+                   HANG_GUARD)
+    cluster.wait_steps(job, size=2, since=time.time(), timeout=HANG_GUARD)
+    return job
+
+
+def test_peer_sigkill_between_optimizer_step_and_commit(cluster, reliability):
+    """The survivors' update of that step is applied when their collective fails: the restore rolls it
+    back, so the verdict's step chain, scheduler and optimizer step counts hold."""
+    job = kill_inside_the_step_collective(cluster)
+    events = finish_and_check(cluster, job, reliability, "peer SIGKILL between step and commit")
+    assert ("internal_error", 3, 2) in resets(events), resets(events)
+
+
+def test_a_broken_restore_fails_the_matrix(cluster):
+    """The proof: with a restore() that keeps model, optimizer and scheduler, the same fault applies a
+    step twice; ranks still agree and samples are still once, and the verdict must fail anyway."""
+    job = kill_inside_the_step_collective(cluster, "--broken-restore")
+    cluster.stop(job, timeout=HANG_GUARD)
+    result = verdict(job.out)
+    assert result.params_identical and result.lost == result.duplicated == 0, result
+    problems = "\n".join(result.problems())
+    assert "started from a state that is not what step" in problems, problems
+    assert "scheduler last_epoch" in problems and "optimizer state step" in problems, problems
+
+
 def test_all_workers_of_a_host_sigkill(tmp_path, reliability):
     # Two slots on every host: the host's two workers die together, the node agent with them.
     with ElasticCluster(tmp_path, hosts=3, ttl=3.0, gloo_timeout=GLOO_TIMEOUT, slots=2) as cluster:

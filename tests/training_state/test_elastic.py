@@ -9,7 +9,6 @@ scheduler and GradScaler states agree across ranks.
 
 from __future__ import annotations
 
-import collections
 import glob
 import json
 import os
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.testbed.ledger import committed_samples
 
 HERE = Path(__file__).parent
 WAIT = 180.0  # seconds the job may take to reach a state: a hang guard, not a speed bound
@@ -68,23 +68,6 @@ class ElasticJob(Job):
         raise AssertionError(f"no live worker with rank {rank} of {size}")
 
 
-def committed_ledger(out: Path, history: list) -> dict[int, list[int]]:
-    """Indices per epoch from the records of committed steps; checks each step is complete."""
-    records: dict[tuple, dict[int, list[int]]] = collections.defaultdict(dict)
-    for rec in JsonLines(out / "ledger" / "*.jsonl").rows():  # a line cut short by kill -9 is never read
-        key = tuple(rec["key"])
-        previous = records[key].setdefault(rec["rank"], rec["idx"])
-        assert previous == rec["idx"], f"two different batches for rank {rec['rank']} of step {key}"
-    per_epoch: dict[int, list[int]] = collections.defaultdict(list)
-    for key in map(tuple, history):
-        epoch, _, world, _ = key
-        ranks = records.get(key, {})
-        assert sorted(ranks) == list(range(world)), f"committed step {key} has records of ranks {sorted(ranks)}"
-        for idx in ranks.values():
-            per_epoch[epoch].extend(idx)
-    return per_epoch
-
-
 def test_joins_leaves_and_kill9_keep_ranks_identical_and_samples_exactly_once(tmp_path):
     with ElasticJob(tmp_path, "localhost:1\n127.0.0.1:1\n") as job:
         job.start()
@@ -109,8 +92,8 @@ def test_joins_leaves_and_kill9_keep_ranks_identical_and_samples_exactly_once(tm
 
     history = finals[0]["history"]
     assert {2, 3} <= {tuple(k)[2] for k in history}, "the job never ran at both world sizes"
-    per_epoch = committed_ledger(tmp_path, history)
-    assert sorted(per_epoch) == [0, 1]
-    for epoch, indices in per_epoch.items():
-        assert sorted(indices) == list(range(finals[0]["samples"])), f"epoch {epoch} is not exactly-once"
+    per_epoch, errors = committed_samples(JsonLines(tmp_path / "ledger" / "*.jsonl").rows(), history)
+    assert errors == [] and sorted(per_epoch) == [0, 1]
+    for epoch, counts in per_epoch.items():
+        assert sorted(counts.elements()) == list(range(finals[0]["samples"])), f"epoch {epoch} is not exactly-once"
     assert finals[0]["scheduler"]["last_epoch"] == len(history)

@@ -1,12 +1,19 @@
-"""A reset and a whole-job restart that land exactly on an epoch's last commit, under elastic horovodrun.
+"""Faults that land exactly on a boundary, under elastic horovodrun on localhost + 127.0.0.1.
 
 The test-bed worker (:mod:`hvd_elastic.testbed.worker`, DataLoader with a worker
-process) holds every rank after the last commit of an epoch while
-``hold-epoch-<E>`` exists; the fault is injected during that hold, so it lands
-on the boundary by construction, not by luck of timing.  On the code before the
-fix, the re-entered pass over the exhausted epoch raised in every rank and the
-job was lost.  Each run must finish with every sample exactly once per epoch and
-identical parameters on every rank (:func:`hvd_elastic.testbed.ledger.verdict`).
+process) is told where to be hit, so each fault lands on its boundary by
+construction, not by luck of timing:
+
+* an epoch's last commit: every rank holds there while ``hold-epoch-<E>`` exists.
+  On the code before the fix, the re-entered pass over the exhausted epoch raised
+  in every rank and the job was lost (issue 27);
+* between ``optimizer.step()`` and ``commit()``: ``die-after-step`` makes rank 1
+  SIGKILL itself after its update of step 20 (epoch 1), so rank 0 fails inside the step's loss
+  allreduce with its own update applied; a restore must roll it back.  With the
+  worker's ``--broken-restore`` the step is applied twice and the verdict must say so.
+
+Each run must finish with every sample exactly once per epoch, identical state on
+every rank, and the committed step chain intact (:func:`hvd_elastic.testbed.ledger.verdict`).
 """
 
 from __future__ import annotations
@@ -54,16 +61,14 @@ def assert_exactly_once(out: Path) -> None:
 
 
 def test_a_failure_on_an_epochs_last_commit_resumes_at_the_next_epoch(tmp_path):
-    """A peer SIGKILLed while every rank holds after the last commit of epoch 0: the survivor's
+    """Rank 1 SIGKILLed while every rank holds after the last commit of epoch 0: the survivor's
     epoch-end collective fails, it restores that commit (epoch 0 exhausted), re-enters the loop
     and must pass over epoch 0 without a batch and go on to epoch 1."""
     (tmp_path / "hold-epoch-0").touch()
     with boundary_job(tmp_path) as job:
         job.start()
         holders = held(job, tmp_path, 0)
-        victim = next(json.loads(p.read_text())["pid"] for p in (tmp_path / "pids").glob("*.json")
-                      if json.loads(p.read_text())["host"] == "127.0.0.1")
-        os.kill(victim, signal.SIGKILL)
+        os.kill(holders[1]["pid"], signal.SIGKILL)  # not rank 0: it writes the event log
         (tmp_path / "hold-epoch-0").unlink()
         job.finish(WAIT)
     assert_exactly_once(tmp_path)
@@ -95,3 +100,25 @@ def test_a_whole_job_restart_from_an_epochs_last_commit_resumes_at_the_next_epoc
     resumes = [e for e in EventLog.read(tmp_path / "events.jsonl") if e["event"] == "resume"]
     assert [(r["step"], r["epoch"]) for r in resumes] == [(step, 1)], resumes
     assert "is exhausted" not in job.read_log()
+
+
+def test_a_peer_dies_between_optimizer_step_and_commit_and_the_update_is_rolled_back(tmp_path):
+    (tmp_path / "die-after-step").write_text("1 20")
+    with boundary_job(tmp_path) as job:
+        job.start().finish(WAIT)
+    assert not (tmp_path / "die-after-step").exists(), "rank 1 never reached the fault"
+    assert_exactly_once(tmp_path)
+    assert [e for e in EventLog.read(tmp_path / "events.jsonl") if e["event"] == "restore"]
+
+
+def test_a_restore_that_keeps_the_model_is_caught_by_the_verdict(tmp_path):
+    """The proof the verdict can see a step applied twice: ranks agree, samples are exactly once,
+    and only the rank-independent checks (scheduler, optimizer steps, digests chain) fail."""
+    (tmp_path / "die-after-step").write_text("1 20")
+    with boundary_job(tmp_path, "--broken-restore") as job:
+        job.start().finish(WAIT)
+    result = verdict(tmp_path)
+    assert result.params_identical and result.lost == result.duplicated == 0, result
+    problems = "\n".join(result.problems())
+    assert "started from a state that is not what step" in problems, problems
+    assert "scheduler last_epoch" in problems and "optimizer state step" in problems, problems
