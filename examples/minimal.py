@@ -35,8 +35,10 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)  # the same data on every rank
     data = TensorDataset(torch.randn(1024, 8, generator=generator), torch.randn(1024, 1, generator=generator))
     model = torch.nn.Linear(8, 1)
+    # op=hvd.Sum with each rank's loss divided by the step's GLOBAL sample count (below): every
+    # sample weighs the same, however unevenly a step is split (hvd.Average would not).
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters())
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
     sampler = ExactlyOnceSampler(data, batch_size=16, seed=0)
     loader = DataLoader(data, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
     state = TrainingState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0)
@@ -50,7 +52,8 @@ def main() -> None:
                 optimizer.zero_grad()
                 if batch is not None:  # None: this rank has no sample in the epoch's last step
                     x, y = batch
-                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum") / sampler.samples_this_step
+                    loss.backward()
                 optimizer.step()  # also on an idle step: every rank joins the gradient allreduce
                 state.commit_step()  # the step is done: sampler position, step count, commit
             state.epoch += 1

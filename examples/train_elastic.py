@@ -82,8 +82,10 @@ def main() -> None:
         torch.cuda.set_device(device)
     dataset = SyntheticRegression(args.samples)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    # op=hvd.Sum with each rank's loss divided by the step's GLOBAL sample count (below): every
+    # sample weighs the same, however unevenly a step is split (hvd.Average would not).
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-                                         named_parameters=model.named_parameters())
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     sampler = ExactlyOnceSampler(dataset, seed=1)  # no batch_size: the BatchPolicy below sets the batch
     loader = Loader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate(),
@@ -106,7 +108,7 @@ def main() -> None:
                 else:
                     x, y = (t.to(device, non_blocking=True) for t in batch)
                     with torch.autocast(device.type, enabled=cuda):
-                        loss = torch.nn.functional.mse_loss(model(x), y)
+                        loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum") / sampler.samples_this_step
                     scaler.scale(loss).backward()
                 if cuda:
                     # Horovod's DistributedOptimizer: finish the gradient allreduce before unscaling.
@@ -119,13 +121,13 @@ def main() -> None:
                     optimizer.step()
                 sampler.record_batch()
                 state.step += 1
-                loss_avg = hvd.allreduce(loss.detach(), name="loss").item()
+                step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()  # the step's mean loss
                 time.sleep(args.step_delay)
                 state.commit()
                 if hvd.rank() == 0:
                     with open(progress_path, "a") as progress:
                         progress.write(json.dumps({"time": time.time(), "epoch": state.epoch, "step": state.step,
-                                                   "size": hvd.size(), "loss": round(loss_avg, 6)}) + "\n")
+                                                   "size": hvd.size(), "loss": round(step_loss, 6)}) + "\n")
             scheduler.step()
             state.epoch += 1
             state.commit()

@@ -5,6 +5,7 @@ Membership comes from a host file (Horovod's own way); the demo's test covers Co
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -12,6 +13,38 @@ import sys
 import pytest
 
 from hvd_elastic.testbed import REPO, Job, child_env, horovodrun_elastic, host_file_discovery
+
+#: The scripts users copy: the examples, and the demo's job.
+PATTERNS = sorted((REPO / "examples").glob("*.py")) + [REPO / "hvd_elastic" / "demo" / "train.py"]
+
+
+@pytest.mark.parametrize("script", PATTERNS, ids=lambda p: p.name)
+def test_scripts_weigh_every_sample_equally_with_the_samplers_loss_scale(script):
+    """Every loss is summed and divided by ``sampler.samples_this_step``, and every ``DistributedOptimizer``
+    sums (``op=hvd.Sum``): the pattern tests/training_state/test_equal_weight.py shows equal to one process.
+    Before, the examples took a mean loss under the default ``hvd.Average``, which weighs a sample more
+    on a rank whose batch is shorter, and dilutes a step with idle ranks."""
+    tree = ast.parse(script.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def name(call: ast.Call) -> str:
+        return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    losses = [c for c in calls if name(c).endswith("_loss") or name(c) == "cross_entropy"]
+    optimizers = [c for c in calls if name(c) == "DistributedOptimizer"]
+    assert losses and optimizers, f"{script.name}: no loss or no DistributedOptimizer found"
+    for loss in losses:
+        where = f"{script.name}:{loss.lineno}"
+        reduction = {k.arg: k.value for k in loss.keywords}.get("reduction")
+        assert isinstance(reduction, ast.Constant) and reduction.value == "sum", f"{where}: loss is not summed"
+        scale = parents.get(loss)
+        assert (isinstance(scale, ast.BinOp) and isinstance(scale.op, ast.Div) and scale.left is loss
+                and ast.unparse(scale.right) == "sampler.samples_this_step"), \
+            f"{where}: the summed loss is not divided by sampler.samples_this_step"
+    for optimizer in optimizers:
+        op = {k.arg: k.value for k in optimizer.keywords}.get("op")
+        assert op is not None and ast.unparse(op) == "hvd.Sum", f"{script.name}:{optimizer.lineno}: op is not hvd.Sum"
 
 
 @pytest.mark.slow

@@ -175,7 +175,7 @@ def test_exactly_once_verdict_appears_when_the_run_keeps_a_ledger(run_dir):
     key = [0, 0, 2, 2]
     write_lines(run_dir / "ledger" / "a.jsonl", [{"key": key, "rank": 0, "idx": [1]}, {"key": key, "rank": 1, "idx": [0]}])
     final = {"size": 2, "checksum": "c", "scheduler": {}, "epochs": 1, "samples": 2}
-    write_lines(run_dir / "final-0.json", [dict(final, rank=0, history=[key])])
+    write_lines(run_dir / "final-0.json", [dict(final, rank=0, history=[key], digests=[["b", "c"]])])
     write_lines(run_dir / "final-1.json", [dict(final, rank=1, history=None)])
     report = make_report(run_dir)
     assert report.exactly_once_ok is True and report.ok

@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                          named_parameters=model.named_parameters(), op=hvd.Sum)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * steps_per_epoch(len(dataset)))
-    sampler = ExactlyOnceSampler(dataset, GLOBAL_BATCH, seed=SAMPLER_SEED)
+    sampler = ExactlyOnceSampler(dataset, seed=SAMPLER_SEED)  # no batch_size: the BatchPolicy sets the step
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
-                          batch_policy=BatchPolicy.constant_global(GLOBAL_BATCH), epoch=0, step=0, history=[])
+                          batch_policy=BatchPolicy.constant_global(GLOBAL_BATCH), epoch=0, step=0, history=[], digests=[])
     empty = ([], torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.int64))
 
     @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,
@@ -109,12 +109,13 @@ def main(argv: list[str] | None = None) -> None:
             sampler.set_epoch(state.epoch)
             for batch in loader:
                 indices, x, y = batch if batch is not None else empty
-                key = evidence.tracked_batch(state, sampler, indices)
+                evidence.tracked_batch(state, sampler, indices)
                 optimizer.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / key[3]
+                loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / sampler.samples_this_step
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
+                evidence.applied(state)
                 sampler.record_batch()
                 state.step += 1
                 step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()

@@ -32,16 +32,25 @@ cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") el
 job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
 
 
-def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+def add_cache_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Add the host cache's flags to ``parser``; returns their actions."""
     group = parser.add_argument_group("host cache (see discovery/README.md)")
-    group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)")
-    group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)")
-    group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)")
-    group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)")
-    group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)")
-    # Set by ensure_running for the job's own watcher, never by hand.
-    group.add_argument("--cache-key", help=argparse.SUPPRESS)
-    group.add_argument("--job", type=job_type, help=argparse.SUPPRESS)
+    return [
+        group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)"),
+        group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)"),
+        group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)"),
+        group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)"),
+        group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)"),
+        # Set by ensure_running for the job's own watcher, never by hand.
+        group.add_argument("--cache-key", help=argparse.SUPPRESS),
+        group.add_argument("--job", type=job_type, help=argparse.SUPPRESS),
+    ]
+
+
+def cache_flags() -> list[str]:
+    """Every option string of the host cache's flags (for a command that must refuse them)."""
+    scratch = argparse.ArgumentParser(add_help=False)
+    return [flag for action in add_cache_arguments(scratch) for flag in action.option_strings]
 
 
 def cache_max_age(args: argparse.Namespace) -> float:

@@ -69,7 +69,8 @@ _NAMINGS = [n.value for n in hostlib.HostNaming]
 host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
+    """Discovery's flags on ``parser``; the host cache's too unless ``cache`` is false (``status``)."""
     one_line_errors(parser)
     add_service_argument(parser)
     parser.add_argument("--tag", action="append", dest="tags", default=None, help="only instances carrying this tag; repeat for several, all must match (env HVD_ELASTIC_TAGS, comma-separated)")
@@ -84,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"), help="let any Consul server answer (?stale), spreading the load off the leader; answers staler than --max-stale fail (env HVD_ELASTIC_STALE; default %(default)s)")
     parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"), metavar="SECONDS", help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; default %(default)s)")
     add_consul_arguments(parser)
-    cachecli.add_cache_arguments(parser)
+    if cache:
+        cachecli.add_cache_arguments(parser)
 
 
 def options_from_args(args: argparse.Namespace) -> hostlib.Options:

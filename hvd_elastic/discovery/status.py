@@ -3,7 +3,9 @@
 Reads ``GET /v1/health/service/:name`` WITHOUT ``?passing`` and applies the
 very rules discovery applies (:func:`hvd_elastic.discovery.hosts.evaluate`,
 same flags), so the last block is exactly what ``hvd-elastic discover`` would
-print right now.  Exit codes: 0 shown, 1 Consul failed, 2 bad input.
+print right now.  The host cache's flags (``--cache``, ``--cache-file``,
+``--watch``...) are refused: status never reads or keeps a cache.  Exit
+codes: 0 shown, 1 Consul failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hvd_elastic.discovery import cachecli
 from hvd_elastic.discovery import cli as discovery_cli
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.query import read_health
@@ -21,7 +24,17 @@ COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    discovery_cli.add_arguments(parser)
+    """Discovery's flags, less the host cache's: status always asks Consul, so those are refused."""
+    discovery_cli.add_arguments(parser, cache=False)
+    for flag in cachecli.cache_flags():
+        # Refused by name, not left to argparse: "unrecognized arguments" would not say why.
+        parser.add_argument(flag, nargs="?", action=_CacheFlag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+class _CacheFlag(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is a host-cache flag of `hvd-elastic discover`; status reads no cache "
+                     f"(it always asks Consul): drop it")
 
 
 def render(decisions: Sequence[hostlib.Decision]) -> str:

@@ -12,7 +12,7 @@ records of every rank of its world.
 Rank agreement proves little on its own: after any failure every rank is synced
 from rank 0, so the ranks are equal by construction, also when rank 0 itself is
 wrong.  So the verdict also checks each rank against the committed history
-alone (:func:`step_problems`):
+alone (:func:`chain_problems`, :func:`step_problems`):
 
 * the LR scheduler's ``last_epoch`` and every optimizer state's ``step`` equal
   the number of committed steps (a step applied twice, or one lost, moves them);
@@ -82,8 +82,21 @@ def committed_samples(records: Iterable[dict], history: Iterable) -> tuple[dict[
     return per_epoch, errors
 
 
+def chain_problems(history: list, digests: list | None) -> list[str]:
+    """Breaks in rank 0's committed ``digests`` chain (see the module docstring)."""
+    if digests is None:
+        return ["no committed digests chain in rank 0's final"]
+    if len(digests) != len(history):
+        return [f"{len(digests)} committed digests for {len(history)} committed steps"]
+    for i in range(1, len(history)):
+        if digests[i][0] != digests[i - 1][1]:
+            return [f"committed step {history[i]} started from a state that is not what step {history[i - 1]} "
+                    f"ended with: a step applied twice, or a restore or resume from the wrong state"]
+    return []
+
+
 def step_problems(final: dict, history: list, digests: list | None) -> list[str]:
-    """What one rank's ``final`` says against the committed history (see the module docstring)."""
+    """What one rank's ``final`` says against the committed steps and their digests."""
     steps, rank = len(history), final["rank"]
     found = []
     last_epoch = final["scheduler"].get("last_epoch")
@@ -92,16 +105,7 @@ def step_problems(final: dict, history: list, digests: list | None) -> list[str]
     wrong = [s for s in final.get("optimizer_steps", []) if s != steps]
     if wrong:
         found.append(f"rank {rank}: optimizer state step {sorted(set(wrong))} after {steps} committed steps")
-    if digests is None:
-        return found + ["no committed digests chain in rank 0's final"]
-    if len(digests) != steps:
-        return found + [f"{len(digests)} committed digests for {steps} committed steps"]
-    for i in range(1, steps):
-        if digests[i][0] != digests[i - 1][1]:
-            found.append(f"committed step {history[i]} started from a state that is not what step {history[i - 1]} "
-                         f"ended with: a step applied twice, or a restore or resume from the wrong state")
-            break
-    if steps and final["checksum"] != digests[-1][1]:
+    if digests and len(digests) == steps and final["checksum"] != digests[-1][1]:
         found.append(f"rank {rank}: final state is not what the last committed step {history[-1]} ended with")
     return found
 
@@ -118,6 +122,7 @@ def verdict(out: Path) -> Verdict:
     rank0 = next((f for f in finals if f["rank"] == 0), finals[0])
     identical = all(f["checksum"] == rank0["checksum"] and f["scheduler"] == rank0["scheduler"] for f in finals)
     history = rank0["history"] or []
+    errors += chain_problems(history, rank0.get("digests"))
     for final in finals:
         errors += step_problems(final, history, rank0.get("digests"))
 

@@ -248,9 +248,9 @@ def write_final(out: str, model, optimizer, scheduler, state, samples: int) -> N
     })
 
 
-def _step(model, optimizer, scheduler, x, y, world_batch: int) -> torch.Tensor:
+def _step(model, optimizer, scheduler, x, y, step_samples: int) -> torch.Tensor:
     optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / world_batch
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / step_samples
     loss.backward()
     optimizer.step()
     scheduler.step()
@@ -290,7 +290,7 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
             for batch in loader:
                 indices, x, y = batch if batch is not None else empty
                 evidence.tracked_batch(state, sampler, indices)
-                loss = _step(model, optimizer, scheduler, x, y, args.batch * hvd.size())
+                loss = _step(model, optimizer, scheduler, x, y, sampler.samples_this_step)
                 evidence.applied(state)
                 step_loss(loss)
                 sampler.record_batch()

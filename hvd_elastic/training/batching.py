@@ -134,8 +134,18 @@ def fit_to_world(policy: BatchPolicy | None, bookkeeping: dict[str, Any], *, ran
     size is recorded by the first call with ``initialized`` (Horovod is
     initialised), so a state built before ``hvd.init()`` does not take 1 and
     scale the LR by the whole world at its first sync.
+
+    With a policy, the policy alone sets the sampler's step: a sampler that
+    also carries a fixed ``batch_size`` (``ExactlyOnceSampler(data, 16)``) is
+    refused with ``ValueError`` rather than having that size silently ignored.
     """
     set_world = getattr(sampler, "set_world", None)
+    fixed = getattr(sampler, "batch_size", None)
+    if policy is not None and set_world is not None and fixed is not None:
+        raise ValueError(
+            f"{type(sampler).__name__}(batch_size={fixed}) and batch_policy={policy!r} both set the batch, and the "
+            f"policy would silently override batch_size: leave batch_size out of the sampler"
+        )
     if set_world is not None:
         set_world(rank, size, policy.step_samples(size) if policy is not None else None)
     if policy is None:

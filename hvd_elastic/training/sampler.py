@@ -61,6 +61,10 @@ same number of batches (``len(sampler)``), so collectives never deadlock:
   DataLoader yields ``None`` for it, and run an idle step (for Horovod's
   ``DistributedOptimizer``: ``optimizer.zero_grad(); optimizer.step()``,
   which contributes zero gradients to the allreduce).
+
+Uneven batches and idle ranks weigh every sample equally only with a summed
+loss divided by the step's global sample count, :attr:`ExactlyOnceSampler.samples_this_step`,
+and ``op=hvd.Sum`` in the ``DistributedOptimizer`` (the examples do so).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
             ``batch_size * world_size`` samples).  Leave it out when a
             :class:`~hvd_elastic.training.batching.BatchPolicy` is given to
             :class:`TrainingState`: the policy then sets the step size, and
-            a ``batch_size`` given anyway is ignored.
+            ``TrainingState`` refuses a sampler given a ``batch_size`` too.
         shuffle: permute each epoch (seeded by ``seed + epoch``) or walk in order.
         seed: the shuffling seed; must be the same on every rank.
         rank, world_size: initial position in the world; :class:`TrainingState`
@@ -179,6 +183,36 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     def step_size_at(self, offset: int) -> int:
         """Samples taken by the global step starting at ``offset`` (0 at the end of the epoch)."""
         return _step_size(self.num_samples, offset, self.step_samples, self.world_size)
+
+    @property
+    def samples_this_step(self) -> int:
+        """Samples the step being trained takes across ALL ranks: the loss scale that weighs each sample equally.
+
+        Valid between drawing a step's batch and its :meth:`record_batch` (the
+        position is that step's start, whatever the DataLoader prefetched).
+        With a summed loss and summed gradients every sample of the step gets
+        weight ``1 / samples_this_step``, however unevenly the step is split,
+        idle ranks included::
+
+            loss = criterion(model(x), y, reduction="sum") / sampler.samples_this_step
+            optimizer = hvd.DistributedOptimizer(..., op=hvd.Sum)
+
+        A mean loss with Horovod's default ``op=hvd.Average`` instead gives a
+        rank's samples more weight when its batch is a sample shorter, and an
+        idle rank's zero gradient dilutes the step.  Under
+        ``BatchPolicy.accumulate`` a sampler step is one of the
+        ``state.accumulation_steps`` passes of an optimizer step: divide by
+        those too (exact while the passes are equal, i.e. except at an epoch's
+        end).  Raises ``RuntimeError`` when the epoch is exhausted (no step
+        can be in progress).
+        """
+        size = self.step_size_at(self.offset)
+        if size == 0:
+            raise RuntimeError(
+                f"samples_this_step read after the end of epoch {self.epoch} ({self.num_samples} samples all "
+                f"recorded): no step is in progress; read it between drawing a batch and record_batch()"
+            )
+        return size
 
     def record_batch(self, steps: int = 1, batch_size: int | None = None, *, batch_idx: int | None = None) -> None:
         """Mark ``steps`` global steps as completed (call once per step, on every rank).

@@ -19,18 +19,25 @@ A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
 
 Usage::
 
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
     sampler = ExactlyOnceSampler(dataset, batch_size=32, seed=0)
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4,
                         collate_fn=ExactlyOnceSampler.collate())
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[sched],
-                          scaler=scaler, sampler=sampler, epoch=0)
+                          scaler=scaler, sampler=sampler, epoch=0, step=0)
 
-    @hvd.elastic.run
+    @hvd_elastic.run(checkpoint_dir="/shared/run1/ckpt")
     def train(state):
         for state.epoch in range(state.epoch, epochs):
             sampler.set_epoch(state.epoch)
             for batch in loader:          # a new iterator after every reset
-                step(batch)               # batch is None: idle step (see sampler.py)
+                optimizer.zero_grad()
+                if batch is not None:     # None: idle step (see sampler.py)
+                    x, y = batch          # every sample weighs 1 / samples_this_step
+                    loss = criterion(model(x), y, reduction="sum") / sampler.samples_this_step
+                    loss.backward()
+                optimizer.step()
                 state.commit_step()       # record_batch() + step += 1 + commit()
 
 Semantics follow Horovod's: ``commit() = save() + check_host_updates()``;
@@ -93,6 +100,8 @@ class TrainingState(State):
             any object with ``state_dict``/``load_state_dict``; ``set_world`` is
             called on it after every sync and reset when it has one).
         batch_policy: a :class:`BatchPolicy`; ``None`` keeps batch and LR as they are.
+            With a policy the sampler takes its step from it: an
+            ``ExactlyOnceSampler`` given a ``batch_size`` too is refused.
         rng: commit/restore/sync torch (CPU and CUDA), NumPy and Python RNG
             states.  Restores are exact; after a sync rank 0 keeps its streams
             and every other rank continues streams of its own, derived from
@@ -105,7 +114,10 @@ class TrainingState(State):
             naming it).  A value with ``state_dict``/``load_state_dict`` (a
             second scheduler, an EMA, a custom sampler) is not a value: it is
             registered as a component under its name (see :meth:`register`)
-            and stays the same live object across restores.
+            and stays the same live object across restores.  Every value is
+            named here, with its initial value (``best=None``): setting a new
+            attribute after construction is refused, since nothing would
+            commit it.
     """
 
     def __init__(
@@ -166,6 +178,7 @@ class TrainingState(State):
             self.register(name, obj)
         self._apply_world()
         self._save()
+        self._constructed = True  # from now on a new public attribute is refused (see __setattr__)
 
     # -- registration and listeners ------------------------------------------------------
 
@@ -208,11 +221,26 @@ class TrainingState(State):
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """Set a user value, or an attribute that exists; refuse a new public attribute after construction.
+
+        A new attribute (``state.best = x``) would never be committed, restored
+        or checkpointed, so it is refused with ``AttributeError``.  Private
+        names stay free: Horovod's ``State`` keeps its bookkeeping in ``_``
+        attributes it sets outside ``__init__``.  A subclass declares an
+        extra public attribute on the class.
+        """
         values = self.__dict__.get("_values")
         if values is not None and name in values:
             values[name] = value
-        else:
+        elif (name.startswith("_") or name in self.__dict__ or hasattr(type(self), name)
+              or not self.__dict__.get("_constructed", False)):
             object.__setattr__(self, name, value)
+        else:
+            known = ", ".join(sorted(values)) or "none"
+            raise AttributeError(
+                f"cannot set {name!r} on TrainingState: it is not one of its values ({known}), so it would never "
+                f"be committed, restored or checkpointed; pass it at construction: TrainingState(..., {name}=...)"
+            )
 
     @property
     def values(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvd_elastic.testbed.ledger import step_problems, verdict
+from hvd_elastic.testbed.ledger import chain_problems, step_problems, verdict
 
 SAMPLES = 4
 HISTORY = [[0, 0, 2, 2], [0, 2, 2, 2]]  # one epoch, two steps of 2 samples at world size 2
@@ -51,7 +51,8 @@ def test_counts_that_moved_past_the_committed_steps_are_caught():
                      "rank 1: optimizer state step [3] after 2 committed steps"]
 
 
-def test_a_run_without_its_digests_is_not_passed_silently():
-    final = {"rank": 0, "checksum": "c", "scheduler": {}, "optimizer_steps": []}
-    assert step_problems(final, HISTORY, None) == ["no committed digests chain in rank 0's final"]
-    assert step_problems(final, HISTORY, [["a", "b"]]) == ["1 committed digests for 2 committed steps"]
+def test_a_run_without_its_digests_is_not_passed_silently(tmp_path):
+    assert chain_problems(HISTORY, None) == ["no committed digests chain in rank 0's final"]
+    assert chain_problems(HISTORY, [["a", "b"]]) == ["1 committed digests for 2 committed steps"]
+    write_run(tmp_path, None, "c")
+    assert verdict(tmp_path).problems() == ["no committed digests chain in rank 0's final"]  # once, not per rank

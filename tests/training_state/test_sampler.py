@@ -186,3 +186,34 @@ def test_torchdata_stateful_dataloader_resumes_at_the_recorded_position():
         rest += batch.tolist()
         resumed.record_batch()
     assert sorted(rest) == sorted(resumed.order()[18:].tolist())
+
+
+
+def test_samples_this_step_is_the_drawn_steps_global_size_through_uneven_and_idle_steps():
+    """The loss scale: every step's ``samples_this_step`` equals the samples the ranks drew for it
+    together, on full steps split unevenly (10 over 3 ranks) and on the tail that absorbs a
+    remainder; after the epoch's end it is refused, not 0 (a division by zero)."""
+    samplers = world(47, None, 3)
+    for s in samplers:
+        s.set_world(s.rank, 3, step_samples=10)
+    iters = [iter(s) for s in samplers]
+    drawn = []
+    for _ in range(len(samplers[0])):
+        batches = [next(it) for it in iters]
+        drawn.append(([len(b) for b in batches], {s.samples_this_step for s in samplers}))
+        for s in samplers:
+            s.record_batch()
+    assert drawn == [([4, 3, 3], {10})] * 4 + [([3, 2, 2], {7})]
+    with pytest.raises(RuntimeError, match="samples_this_step read after the end of epoch 0 .*no step is in progress"):
+        samplers[0].samples_this_step
+
+
+def test_samples_this_step_counts_only_the_samples_of_a_step_with_idle_ranks():
+    """A world of 3 resuming with 2 samples left in the epoch (a smaller world's commit): rank 2
+    is idle, and the scale is the 2 samples trained, not the nominal step."""
+    samplers = world(47, None, 3)
+    for s in samplers:
+        s.set_world(s.rank, 3, step_samples=10)
+        s.load_state_dict({**s.state_dict(), "offset": 45})
+    assert [len(next(iter(s))) for s in samplers] == [1, 1, 0]
+    assert [s.samples_this_step for s in samplers] == [2, 2, 2]

@@ -240,6 +240,26 @@ def test_user_values_are_attributes_and_reserved_names_are_refused(hvd):
         state.not_a_value
 
 
+def test_a_new_attribute_after_construction_is_refused_with_the_fix(hvd):
+    """Before: ``state.best = x`` set a plain attribute that no commit, restore or
+    checkpoint ever saw; now it is refused, naming the name and the fix."""
+    state = make(best=None)
+    state.best = {"loss": 0.5}  # a value named at construction: committed like the rest
+    state.commit()
+    state.best = {"loss": 0.1}
+    state.restore()
+    assert state.best == {"loss": 0.5}
+    with pytest.raises(AttributeError, match=r"cannot set 'metric' on TrainingState: it is not one of its values "
+                                             r"\(best, epoch, history, step\).*TrainingState\(\.\.\., metric=\.\.\.\)"):
+        state.metric = 0.3
+    assert "metric" not in state.__dict__ and "metric" not in state.values
+    # What exists stays assignable: components, Horovod's private bookkeeping, the policy.
+    state.batch_policy = None
+    state._last_updated_timestamp = 0
+    state.on_reset()  # Horovod's State sets _host_messages here
+    state.commit()
+
+
 def test_register_extension_point(hvd):
     class Counter:
         def __init__(self):
@@ -302,13 +322,29 @@ def test_batch_policy_arithmetic():
         BatchPolicy.constant_global(0)
 
 
+def test_a_sampler_batch_size_beside_a_batch_policy_is_refused(hvd):
+    """Before: the policy silently overrode the sampler's batch_size (the demo passed its
+    GLOBAL batch as the per-rank size); now the pair is refused, naming both."""
+    from hvd_elastic.training.state import TrainingState
+
+    policy = BatchPolicy.constant_global(24)
+    with pytest.raises(ValueError, match=r"^ExactlyOnceSampler\(batch_size=16\) and batch_policy=BatchPolicy\("
+                                         r"'constant_global', global_batch_size=24\) both set the batch.*"
+                                         r"leave batch_size out of the sampler$"):
+        TrainingState(rng=False, sampler=ExactlyOnceSampler(100, 16), batch_policy=policy)
+    state = TrainingState(rng=False, sampler=ExactlyOnceSampler(100, 16))  # a batch_size alone is fine
+    state.batch_policy = policy  # a policy set later is refused where it takes effect: the next reset
+    with pytest.raises(ValueError, match=r"batch_size=16\) and batch_policy="):
+        state.reset()
+
+
 def test_batch_policies_drive_sampler_and_accumulation(hvd):
     from hvd_elastic.training.state import TrainingState
 
     model = torch.nn.Linear(2, 2)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
-    sampler = ExactlyOnceSampler(100, 4)
+    sampler = ExactlyOnceSampler(100)  # no batch_size: the policy sets the step
     state = TrainingState(model=model, optimizer=opt, sampler=sampler, rng=False,
                           batch_policy=BatchPolicy.accumulate(64, 8))
     assert sampler.step_samples == 8 and state.accumulation_steps == 8
