@@ -16,7 +16,8 @@ first collective of every world, on every rank, so it always matches.
 
 A rank whose Horovod failed also hangs up its Gloo connections before the
 reset (:mod:`.gloo_hangup`), so a peer waiting on it fails now instead of
-after the Gloo timeout.
+after the Gloo timeout; and in the first world of two or more ranks it checks
+that Gloo's loop is found at all (one warning per run if not).
 """
 
 from __future__ import annotations
@@ -43,20 +44,27 @@ def _reset() -> None:
 def run_elastic(fn, state, *args, **kwargs):
     """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
 
-    On ``HorovodInternalError`` this rank's Gloo connections are hung up and
-    the state is restored to its last commit; on
-    ``HostsUpdatedInterrupt`` it is kept.  Then Horovod is re-initialised (the new
+    On ``HorovodInternalError`` this rank's Gloo connections are hung up, then
+    the state is restored to its last commit; on ``HostsUpdatedInterrupt``
+    nothing is hung up (the context is sound, every rank leaves it together)
+    and the state is kept.  Then Horovod is re-initialised (the new
     world's rendezvous), ``state.on_reset()`` runs, and the state is synced from
     rank 0 unless every rank of the new world agrees it may be skipped.
     """
-    gloo_hangup.enabled()  # a bad HVD_ELASTIC_GLOO_HANGUP is an error now, not at the first failure
+    # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
+    loop_check_due = gloo_hangup.enabled()
     notification_manager.init()
     notification_manager.register_listener(state)
     skip_sync = False  # this process has never synced: it needs rank 0's state
     try:
         while True:
             try:
-                if _sync_needed(not skip_sync):
+                sync = _sync_needed(not skip_sync)
+                if loop_check_due and hvd.size() > 1:
+                    loop_check_due = False
+                    if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
+                        gloo_hangup.check_found()
+                if sync:
                     state.sync()
                 return fn(state, *args, **kwargs)
             except HorovodInternalError:

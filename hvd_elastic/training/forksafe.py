@@ -1,4 +1,5 @@
-"""Forked children of a training process never hold its TCP connections, nor outlive a crash.
+"""Forked children of a training process never hold its Gloo connections, and DataLoader workers
+never outlive a crash.
 
 Why
 ---
@@ -19,41 +20,45 @@ Contract
 :func:`hvd_elastic.run` call it; call it yourself before forking if you fork
 before using either.  From then on, in every child of a Python-level fork
 (``os.fork()``, multiprocessing's ``fork`` start method, so DataLoader and
-StatefulDataLoader workers):
+StatefulDataLoader workers, ``socketserver.ForkingMixIn`` handlers):
 
-1. Every descriptor that is a TCP socket (``/proc/self/fd/N`` ->
-   ``socket:[inode]`` whose protocol the kernel names TCP or TCPv6; see
-   :func:`tcp_socket_fds`) is released: connected, listening or neither.
-   Nothing else is touched: pipes, unix sockets (multiprocessing queues and
-   the descriptor passing of shared-memory tensors), UDP sockets, files,
-   eventfds and epoll descriptors stay as they are.  *Released* means
-   ``/dev/null`` is ``dup2``-ed over the number: the child's reference to the
-   connection is dropped, so the parent's death resets it at once, while the
-   number stays taken, so an inherited Python or C++ object that still holds
-   it fails (ENOTSOCK) instead of reading, writing or later closing an
-   unrelated file that reuses the number.  Never ``shutdown()``: that would
-   act on the connection the parent still uses.  The parent is untouched.
-2. A multiprocessing child (the ``fork`` start method: DataLoader workers,
-   daemonic or not) forked by the parent's *main thread* dies with the
-   parent: ``PR_SET_PDEATHSIG`` with SIGKILL.  Why this scope:
+1. Gloo's connections are released: the TCP sockets of every event loop shaped
+   like Gloo's (:func:`hvd_elastic.training.gloo_hangup.gloo_endpoints`).
+   Nothing else is touched: the child's other inherited TCP sockets (a
+   forking server's accepted connection, a pre-fork listener, a database
+   connection handed to it) keep working, as do pipes, unix sockets
+   (multiprocessing queues, the descriptor passing of shared-memory tensors),
+   files, eventfds and epoll descriptors.  *Released* means ``/dev/null`` is
+   ``dup2``-ed over the number: the child's reference to the connection is
+   dropped, so the parent's death resets it at once, while the number stays
+   taken, so an inherited C++ object that still holds it fails (ENOTSOCK)
+   instead of reading, writing or later closing an unrelated file that reuses
+   the number.  Never ``shutdown()``: that would act on the connection the
+   parent still uses.  The parent is untouched.
+2. A *daemonic* multiprocessing child (the ``fork`` start method; every
+   DataLoader worker is one: torch sets ``daemon``) forked by the parent's
+   *main thread* dies with the parent: ``PR_SET_PDEATHSIG`` with SIGKILL.
+   Why this scope:
 
-   * releasing sockets is not enough: through the shared output, any child
-     outliving a crashed rank holds up the job's recovery.  At a clean exit multiprocessing has already ended its
-     children (daemonic ones terminated, the others joined), and torch's
-     workers exit by themselves once they see their parent gone: the death
-     signal only makes that hold when the parent dies without cleaning up (a
-     crash, SIGKILL, ``os._exit``), and frees an OOM-killed rank's memory
-     before its host starts a new one.
-   * bare ``os.fork()`` children are not armed: nothing waits for them at a
-     clean exit, so a fire-and-forget child must be able to outlive its
-     parent.  They release the TCP sockets all the same; one meant to outlive
-     a crash should also point its stdout and stderr elsewhere, or horovodrun
-     waits for it.
+   * releasing sockets is not enough: through the shared output, a worker
+     outliving a crashed rank holds up the job's recovery.  ``daemon`` is the
+     caller's word that the child ends with its parent (multiprocessing
+     terminates daemonic children at exit); the death signal only makes that
+     hold when the parent dies without cleaning up (a crash, SIGKILL,
+     ``os._exit``), and frees an OOM-killed rank's memory before its host
+     starts a new one.
+   * non-daemonic multiprocessing children and bare ``os.fork()`` children
+     are not armed: their lifetime is the user's (a clean exit joins the
+     first; nothing waits for the second, which may be meant to outlive its
+     parent).  One meant to outlive a crash should also point its stdout and
+     stderr elsewhere, or horovodrun waits for it.
    * the death signal fires when the *thread* that forked ends, not the
      process.  A Python process's main thread lives as long as the process;
      any other thread may end while the process and its children go on (a
      DataLoader first iterated in a helper thread keeps persistent workers),
      so children of other threads are left to torch's own watchdog (up to 5 s).
+     Which thread forked is thread-local state of the before-fork hook, so
+     forks racing in two threads never see each other's answer.
    * SIGKILL, not SIGTERM: the child inherited the parent's Python signal
      handlers (a graceful-stop handler would only set a flag in the orphan),
      and a worker blocked in I/O runs no Python handler at all.
@@ -83,6 +88,7 @@ import sys
 import threading
 
 from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.training import gloo_hangup
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +96,15 @@ log = logging.getLogger(__name__)
 ENV = "HVD_ELASTIC_FORK_SAFETY"
 
 FD_DIR = "/proc/self/fd"
-TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
-_TCP_NAMES = (b"TCP", b"TCPv6")  # what Linux names TCP sockets (MPTCP, SCTP, UDP, UNIX... differ)
 _PR_SET_PDEATHSIG = 1
 
 _installed: bool | None = None  # the first install()'s answer
 _prctl = None  # libc's prctl, resolved in the parent: a child must not dlopen (loader locks after fork)
-# Written by the before-fork hook; the GIL is held from it to fork(), so no other fork interleaves.
-_fork_parent_pid = 0
-_fork_from_main_thread = False
+# Written by the before-fork hook of the forking thread, read in its child (the same thread, and
+# thread-local data survives the fork).  A module global would be overwritten by a fork in another
+# thread between this hook and this thread's fork: other before-fork hooks and the import lock may
+# release the GIL in between.
+_fork = threading.local()
 
 
 def install() -> bool:
@@ -111,13 +117,13 @@ def install() -> bool:
     if _installed is not None:
         return _installed
     if not parse_bool(ENV, os.environ.get(ENV, "1")):
-        log.info("fork safety is off (%s=%s): forked children keep this process's TCP connections",
+        log.info("fork safety is off (%s=%s): forked children keep this process's Gloo connections",
                  ENV, os.environ[ENV])
         _installed = False
         return False
     missing = _unsupported()
     if missing:
-        log.warning("fork safety is unavailable (%s): forked children keep this process's TCP connections",
+        log.warning("fork safety is unavailable (%s): forked children keep this process's Gloo connections",
                     missing)
         _installed = False
         return False
@@ -131,71 +137,13 @@ def install() -> bool:
         _prctl = None
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     _installed = True
-    log.debug("fork safety installed: forked children release inherited TCP sockets")
+    log.debug("fork safety installed: forked children release inherited Gloo connections")
     return True
 
 
-def tcp_socket_fds() -> list[int]:
-    """This process's descriptors that are TCP sockets (IPv4 or IPv6), sorted.
-
-    The kernel names each socket's protocol (the ``system.sockprotoname``
-    attribute of ``/proc/self/fd/N``): one call per socket, where looking the
-    inodes up in ``/proc/self/net/tcp{,6}`` reads every connection of the
-    network namespace (40 ms per fork measured with 2800 of them).  That
-    lookup is the fallback for a kernel that does not name its sockets.
-    """
-    unnamed: dict[str, int] = {}  # inode -> fd
-    found: list[int] = []
-    for name in os.listdir(FD_DIR):
-        path = f"{FD_DIR}/{name}"
-        try:
-            target = os.readlink(path)
-        except OSError:
-            continue  # the listing's own descriptor, already closed
-        if not target.startswith("socket:["):
-            continue
-        try:
-            protocol = os.getxattr(path, "system.sockprotoname").rstrip(b"\0")
-        except FileNotFoundError:
-            continue
-        except OSError:
-            unnamed[target[len("socket:["):-1]] = int(name)
-            continue
-        if protocol in _TCP_NAMES:
-            found.append(int(name))
-    if unnamed:
-        found.extend(_listed_in_tcp_tables(unnamed))
-    return sorted(found)
-
-
-def _listed_in_tcp_tables(by_inode: dict[str, int]) -> list[int]:
-    """The descriptors of ``by_inode`` whose socket inode the kernel's TCP tables list.
-
-    The tables hold bound and connected sockets only: a TCP socket that is
-    neither carries no connection and is left alone.
-    """
-    by_inode = dict(by_inode)
-    found: list[int] = []
-    for table in TCP_TABLES:
-        try:
-            f = open(table)
-        except FileNotFoundError:
-            continue  # a kernel without IPv6
-        with f:
-            next(f, None)  # header
-            for line in f:
-                fields = line.split()
-                fd = by_inode.pop(fields[9], None) if len(fields) > 9 else None  # field 9: the inode
-                if fd is not None:
-                    found.append(fd)
-                    if not by_inode:
-                        return found
-    return found
-
-
-def release_tcp_sockets() -> list[int]:
-    """Drop this process's references to its TCP sockets (see the module docstring); return the numbers."""
-    fds = tcp_socket_fds()
+def release_gloo_sockets() -> list[int]:
+    """Drop this process's references to its Gloo connections (see the module docstring); return the numbers."""
+    fds = gloo_hangup.gloo_sockets()
     if fds:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
@@ -219,10 +167,9 @@ def _unsupported() -> str | None:
 
 
 def _before_fork() -> None:
-    global _fork_parent_pid, _fork_from_main_thread
-    _fork_parent_pid = os.getpid()
+    _fork.parent_pid = os.getpid()
     # In the child the forking thread IS the main thread, so ask here.
-    _fork_from_main_thread = threading.current_thread() is threading.main_thread()
+    _fork.from_main_thread = threading.current_thread() is threading.main_thread()
 
 
 def _after_fork_in_child() -> None:
@@ -234,24 +181,27 @@ def _after_fork_in_child() -> None:
     if caller is not None and caller.f_globals.get("__name__") == "subprocess":
         return  # preexec_fn: the exec'd program gets what close_fds/pass_fds say, pass_fds included
     try:
-        release_tcp_sockets()
+        release_gloo_sockets()
     except OSError:
         pass  # /proc gone in this child (a chroot, an unmount): never break a fork
-    if _prctl is not None and _fork_from_main_thread and _is_multiprocessing_fork(caller):
+    if _prctl is not None and getattr(_fork, "from_main_thread", False) and _is_daemonic_process(caller):
         _die_with_parent()
 
 
-def _is_multiprocessing_fork(caller) -> bool:
-    """Whether multiprocessing's "fork" start method is starting a ``Process``.
+def _is_daemonic_process(caller) -> bool:
+    """Whether multiprocessing's "fork" start method is starting a daemonic ``Process``.
 
-    ``multiprocessing.popen_fork.Popen._launch`` calls ``os.fork()``; were that
-    ever moved, its children would merely not die with the parent.
+    ``multiprocessing.popen_fork.Popen._launch(self, process_obj)`` calls
+    ``os.fork()``; were that ever moved or renamed, its children would merely
+    not die with the parent.
     """
-    return caller is not None and caller.f_globals.get("__name__") == "multiprocessing.popen_fork"
+    if caller is None or caller.f_globals.get("__name__") != "multiprocessing.popen_fork":
+        return False
+    return getattr(caller.f_locals.get("process_obj"), "daemon", False) is True
 
 
 def _die_with_parent() -> None:
     if _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return  # refused (seccomp): torch's watchdog still ends a DataLoader worker, later
-    if os.getppid() != _fork_parent_pid:
+    if os.getppid() != _fork.parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)  # the parent died before prctl took effect

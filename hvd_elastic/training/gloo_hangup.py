@@ -15,13 +15,32 @@ reset).  Both Horovod and stock ``hvd.elastic.run`` behave so.
 stream now) every connection of the failed Gloo contexts, so the peer's
 receive fails with "Connection closed by peer" and it resets too.  The
 descriptors stay Gloo's: it closes them when the old context goes away.
+Horovod also raises ``HorovodInternalError`` for errors that lose no peer
+(tensors of different shapes on different ranks); every rank then resets as
+well, so cutting a context that is still alive costs nothing.
 
-Which sockets are Gloo's: Gloo's TCP transport runs one event loop per
-device, an epoll instance watching a wake-up PIPE and the device's TCP
-sockets (its pairs; no listener).  Nothing else we know of in a training process has
-that shape: asyncio's loops wake up through a UNIX socket pair, and
-``socketserver`` and multiprocessing use poll, not epoll.  An epoll watching
-anything else is left alone, so a user's connections are not cut.
+Which sockets are Gloo's (:func:`gloo_sockets`): Gloo's TCP transport runs
+one event loop per device, an epoll instance watching a wake-up PIPE and the
+device's TCP connections (its pairs; no listener), each registered by C++
+code with a pointer to its handler object as the event's data.  A loop is
+taken for Gloo's only when it has exactly that shape:
+
+* at least one pipe and at least one other descriptor, every other one a TCP
+  connection (asyncio wakes up through a UNIX socket pair; ``socketserver``
+  and multiprocessing use poll, not epoll);
+* no registration carries its own descriptor number as data.  Python's
+  ``select.epoll`` (so ``selectors``, asyncio, Twisted's epoll reactor) and
+  the common C loops (libuv, libevent, libev) register every descriptor so:
+  a hand-written loop woken by a pipe that watches only client connections is
+  therefore left alone.
+
+A registration is matched to a descriptor by number AND by the inode the
+kernel names for it: a number whose file went away while another reference
+kept the registration, or was reused since, is not Gloo's.
+
+:func:`check_found` tells, once a world of two or more ranks is up, whether
+that shape is still found (a newer Gloo that registers its listener in the
+same loop would make the hang-up silently match nothing).
 
 Off switch: ``HVD_ELASTIC_GLOO_HANGUP=0`` (any false value of
 :func:`hvd_elastic.consul.config.parse_bool`).  Without Linux's ``/proc`` it
@@ -33,6 +52,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
+from typing import NamedTuple
 
 from hvd_elastic.consul.config import parse_bool
 
@@ -43,6 +64,19 @@ ENV = "HVD_ELASTIC_GLOO_HANGUP"
 
 FD_DIR = "/proc/self/fd"
 FDINFO_DIR = "/proc/self/fdinfo"
+
+
+class Endpoint(NamedTuple):
+    """A descriptor number and the inode of the socket it named when it was listed."""
+
+    fd: int
+    inode: int
+
+
+class _Registration(NamedTuple):
+    fd: int  # the number it was registered under
+    data: int  # the epoll event's data (64 bits)
+    inode: int | None  # of the registered file; None on kernels that do not print it
 
 
 def enabled() -> bool:
@@ -57,32 +91,85 @@ def _target(fd: int) -> str:
         return ""
 
 
-def _watched(epoll_fd: int) -> list[int]:
-    """The descriptors an epoll instance watches (its ``tfd:`` lines in fdinfo)."""
+def _registrations(epoll_fd: int) -> list[_Registration] | None:
+    """What an epoll instance watches: its ``tfd:`` lines in fdinfo.
+
+    ``tfd: 11 events: 19 data: 7f1fd0005dd0 pos:0 ino:10bb7 sdev:9`` (hex
+    numbers but the first).  None when a line is in a format we do not know:
+    such a loop is never taken for Gloo's.
+    """
     try:
         with open(f"{FDINFO_DIR}/{epoll_fd}") as f:
-            return [int(line.split()[1]) for line in f if line.startswith("tfd:")]
-    except (OSError, ValueError, IndexError):
-        return []
+            lines = [line.split() for line in f if line.startswith("tfd:")]
+    except OSError:
+        return None
+    found = []
+    for fields in lines:
+        try:
+            data = fields[fields.index("data:") + 1]
+            inode = next((int(f[len("ino:"):], 16) for f in fields if f.startswith("ino:")), None)
+            found.append(_Registration(int(fields[1]), int(data, 16), inode))
+        except (ValueError, IndexError):
+            return None
+    return found
 
 
-def _is_tcp_stream(fd: int) -> bool:
+def _socket_at(fd: int, inode: int) -> socket.socket | None:
+    """A duplicate of ``fd`` as a socket object if ``fd`` still names socket ``inode``, else None.
+
+    The caller closes the object (that closes the duplicate only); nothing is
+    left open when None is returned.
+    """
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(dup)
+        if stat.S_ISSOCK(st.st_mode) and st.st_ino == inode:
+            return socket.socket(fileno=dup)  # owns dup from here
+    except OSError:
+        pass
+    os.close(dup)
+    return None
+
+
+def _is_tcp_stream(endpoint: Endpoint) -> bool:
     """A TCP socket that is not a listener: connected, or once connected and since reset by its peer."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
+    sock = _socket_at(*endpoint)
+    if sock is None:
         return False
-    try:
-        return (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
-                and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
-    except OSError:
-        return False
-    finally:
-        sock.close()  # the duplicate only
+    with sock:
+        try:
+            return (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        except OSError:
+            return False
 
 
-def gloo_sockets() -> list[int]:
-    """This process's Gloo pair sockets: the TCP sockets of every epoll shaped like Gloo's loop.
+def _gloo_endpoints(epoll_fd: int) -> list[Endpoint]:
+    """The TCP connections of one epoll instance if it is shaped like Gloo's loop, else []."""
+    pipes, others = 0, []
+    for reg in _registrations(epoll_fd) or ():
+        if (reg.data & 0xFFFFFFFF) == reg.fd:
+            return []  # registered the way Python's and C's loops do (the upper half may be junk)
+        try:
+            st = os.fstat(reg.fd)
+        except OSError:
+            continue  # closed since: the registration outlives it only through another reference
+        if reg.inode is not None and st.st_ino != reg.inode:
+            continue  # the number now names another file
+        if stat.S_ISFIFO(st.st_mode):
+            pipes += 1
+        else:
+            others.append(Endpoint(reg.fd, st.st_ino))
+    if pipes and others and all(_is_tcp_stream(e) for e in others):
+        return others
+    return []
+
+
+def gloo_endpoints() -> list[Endpoint]:
+    """This process's Gloo pair sockets with their inodes (see the module docstring), sorted.
 
     After a crash some of them are already reset by the dead peer (no longer
     connected, still registered): they belong to the shape too, or the loop of
@@ -92,38 +179,52 @@ def gloo_sockets() -> list[int]:
         names = os.listdir(FD_DIR)
     except OSError:
         return []
-    found: list[int] = []
+    found: set[Endpoint] = set()
     for name in names:
-        if not name.isdigit() or _target(int(name)) != "anon_inode:[eventpoll]":
-            continue
-        watched = _watched(int(name))
-        pipes = [fd for fd in watched if _target(fd).startswith("pipe:")]
-        others = [fd for fd in watched if fd not in pipes]
-        if pipes and others and all(_is_tcp_stream(fd) for fd in others):
-            found.extend(others)
-    return sorted(set(found))
+        if name.isdigit() and _target(int(name)) == "anon_inode:[eventpoll]":
+            found.update(_gloo_endpoints(int(name)))
+    return sorted(found)
+
+
+def gloo_sockets() -> list[int]:
+    """The descriptor numbers of :func:`gloo_endpoints`."""
+    return [e.fd for e in gloo_endpoints()]
 
 
 def hang_up() -> list[int]:
     """Shut down this process's Gloo connections (see the module docstring); return their descriptors.
 
     Call it when this rank's Horovod failed (``HorovodInternalError``), before
-    the reset; never while the context is in use.
+    the reset; never while the context is in use.  A descriptor that no longer
+    names the socket it named when listed is left alone.
     """
     if not enabled():
         return []
-    fds = gloo_sockets()
-    for fd in fds:
-        try:
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
+    done = []
+    for endpoint in gloo_endpoints():
+        sock = _socket_at(*endpoint)
+        if sock is None:
             continue
-        try:
-            sock.shutdown(socket.SHUT_RDWR)  # shutdown acts on the socket, which the duplicate shares
-        except OSError:
-            pass  # already reset by the peer: nothing to tell it
-        finally:
-            sock.close()
-    if fds:
-        log.info("hung up %d Gloo connections of the failed Horovod context", len(fds))
-    return fds
+        with sock:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # acts on the socket, which the duplicate shares
+            except OSError:
+                pass  # already reset by the peer: nothing to tell it
+        done.append(endpoint.fd)
+    if done:
+        log.info("hung up %d Gloo connections of the failed Horovod context", len(done))
+    return done
+
+
+def check_found() -> bool:
+    """Whether Gloo's loop is found in this process; if not, log a warning saying what that costs.
+
+    Call it once per run, in a world of two or more ranks under Gloo (a world
+    of one has no pairs, so no loop to find).
+    """
+    if gloo_endpoints():
+        return True
+    log.warning("no epoll loop shaped like Gloo's was found (Horovod's Gloo may have changed): after a "
+                "failure peers waiting on this rank wait out HOROVOD_GLOO_TIMEOUT_SECONDS, and forked "
+                "children keep its Gloo connections; see %s", __name__)
+    return False

@@ -13,7 +13,7 @@ Environment:
     LEDGER       "0": no ledger and no committed history (the benchmark's long runs)
     FORK_HELPER  "1": once the state exists, start two helpers that live until ``$OUT/release``
                  exists: a bare ``os.fork()`` child with its output pointed at /dev/null (the
-                 recipe for a child meant to outlive a crash) and a multiprocessing Process
+                 recipe for a child meant to outlive a crash) and a daemonic multiprocessing Process
     ``$OUT/fork_safety``  when present, its content becomes ``HVD_ELASTIC_FORK_SAFETY`` of
                  processes started from then on (the benchmark switches the fix per round)
 
@@ -26,7 +26,7 @@ Files under OUT:
                               safety is on, its helpers' pids by kind
     children/<pid>.json       each DataLoader worker and helper when it starts: ``kind``
                               (loader_worker, fork_helper, mp_helper),
-                              ``parent``, ``loader``, ``tcp`` (TCP sockets it holds)
+                              ``parent``, ``loader``, ``gloo`` (Gloo sockets it holds)
     final-<rank>.json         parameter checksum, samples, epochs, committed history (rank 0)
 
 Stall: while ``$OUT/stall-<pid>`` exists, the DataLoader workers of process ``pid``
@@ -49,7 +49,7 @@ import horovod.torch as hvd
 import hvd_elastic
 
 from hvd_elastic.testbed.worker import Indexed
-from hvd_elastic.training import forksafe
+from hvd_elastic.training import forksafe, gloo_hangup
 from hvd_elastic.training.sampler import ExactlyOnceSampler
 from hvd_elastic.training.state import TrainingState
 
@@ -92,7 +92,7 @@ def wait_for(path: str) -> None:
 
 def report_child(kind: str, loader: str | None) -> None:
     write_atomic(out("children", f"{os.getpid()}.json"), {"kind": kind, "parent": os.getppid(), "loader": loader,
-                                                         "tcp": len(forksafe.tcp_socket_fds())})
+                                                         "gloo": len(gloo_hangup.gloo_sockets())})
 
 
 class Stalling(Indexed):
@@ -140,7 +140,7 @@ def start_helpers() -> dict[str, int]:
         os.dup2(null, 1)
         os.dup2(null, 2)
         helper("fork_helper")
-    mp_helper = multiprocessing.get_context("fork").Process(target=helper, args=("mp_helper",))
+    mp_helper = multiprocessing.get_context("fork").Process(target=helper, args=("mp_helper",), daemon=True)
     mp_helper.start()
     return {"fork_helper": pid, "mp_helper": mp_helper.pid}
 

@@ -2,7 +2,8 @@
 
 Rank 0 also holds the kinds of connection a user's code may own (a TCP
 connection of its own, an epoll watching a UNIX socket pair and a TCP socket,
-like asyncio's loop) and checks they survive.  After the hang-up rank 0
+like asyncio's loop, and a selectors loop woken by a pipe watching only a
+client connection) and checks they survive.  After the hang-up rank 0
 stays alive until rank 1 has reported (at most ``PATIENCE`` seconds), so rank
 1 can tell a hang-up from the end of rank 0's process: it records whether
 rank 0 had already finished when its allreduce failed.  Each rank writes
@@ -12,6 +13,7 @@ rank 0 had already finished when its allreduce failed.  Each rank writes
 import json
 import os
 import select
+import selectors
 import socket
 import sys
 import time
@@ -35,7 +37,14 @@ if hvd.rank() == 0:
     loop = select.epoll()
     loop.register(woken.fileno(), select.EPOLLIN)
     loop.register(user.fileno(), select.EPOLLIN)
-    user_fds = {user.fileno(), accepted.fileno(), server.fileno(), waker.fileno(), woken.fileno()}
+    client = socket.create_connection(server.getsockname())
+    client_peer, _ = server.accept()
+    wake_r, wake_w = os.pipe()
+    selector = selectors.EpollSelector()
+    selector.register(wake_r, selectors.EVENT_READ)
+    selector.register(client, selectors.EVENT_READ)
+    user_fds = {user.fileno(), accepted.fileno(), server.fileno(), waker.fileno(), woken.fileno(),
+                client.fileno(), client_peer.fileno()}
 
     found = gloo_hangup.gloo_sockets()
     report["found"] = len(found)
@@ -43,7 +52,8 @@ if hvd.rank() == 0:
     time.sleep(2)  # rank 1 is in its allreduce, waiting on this rank
     report["hung_up"] = len(gloo_hangup.hang_up())
     user.sendall(b"still here")
-    report["user_connection_works"] = accepted.recv(16) == b"still here"
+    client.sendall(b"and here")
+    report["user_connection_works"] = accepted.recv(16) == b"still here" and client_peer.recv(16) == b"and here"
     deadline = time.monotonic() + PATIENCE
     while not os.path.exists(os.path.join(out, "rank1.json")) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -2,7 +2,7 @@
 worker forksafe_worker.py with DataLoader workers.
 
 * A rank SIGKILLed while its DataLoader workers are stuck in ``__getitem__`` and two
-  helpers it started wait (a multiprocessing Process, and a bare ``os.fork()`` child
+  helpers it started wait (a daemonic multiprocessing Process, and a bare ``os.fork()`` child
   with its output redirected): the survivor resets and commits at the new size
   BEFORE the test lets any of those children go, so none of them held the dead
   rank's connections (without the fix the survivor waits for them, up to the Gloo
@@ -10,7 +10,7 @@ worker forksafe_worker.py with DataLoader workers.
   child is not (its lifetime is the user's); the job finishes and every sample of
   every epoch is committed exactly once.
 * Without faults, every DataLoader configuration gives the same batches and the same
-  parameters with and without the fix; the fix's workers hold no TCP socket, the
+  parameters with and without the fix; the fix's workers hold no Gloo socket, the
   reference run's do.
 
 ``FORK_SAFETY_UNDER_TEST=0`` runs the jobs under test with ``HVD_ELASTIC_FORK_SAFETY=0``:
@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
-
+from hvd_elastic.testbed.ledger import committed_samples
 from hvd_elastic.testbed.procs import is_alive, wait_dead
 
 pytestmark = pytest.mark.slow
@@ -126,18 +126,13 @@ def committed_batches(out: Path) -> dict[tuple, dict[int, dict]]:
 
 
 def assert_exactly_once(out: Path, history: list, samples: int, epochs: int) -> dict[tuple, dict[int, dict]]:
-    """Every committed step has a record of every rank; each epoch's samples appear once. Returns the batches."""
+    """The ledger rule (:func:`hvd_elastic.testbed.ledger.committed_samples`) on this worker's records:
+    each epoch's samples trained once by committed steps.  Returns the batches, data checksums included."""
     batches = committed_batches(out)
-    by_step = {tuple(key): ranks for (_, *key), ranks in batches.items()}
-    per_epoch: dict[int, list[int]] = collections.defaultdict(list)
-    for key in map(tuple, history):
-        ranks = by_step.get(key, {})
-        assert sorted(ranks) == list(range(key[2])), f"committed step {key} has records of ranks {sorted(ranks)}"
-        for rec in ranks.values():
-            per_epoch[key[0]].extend(rec["idx"])
-    assert sorted(per_epoch) == list(range(epochs))
-    for epoch, indices in per_epoch.items():
-        assert sorted(indices) == list(range(samples)), f"epoch {epoch} is not exactly-once"
+    per_epoch, errors = committed_samples(JsonLines(out / "ledger" / "*.jsonl").rows(), history)
+    assert errors == [] and sorted(per_epoch) == list(range(epochs)), errors
+    for epoch, counts in per_epoch.items():
+        assert sorted(counts.elements()) == list(range(samples)), f"epoch {epoch} is not exactly-once"
     return batches
 
 
@@ -180,7 +175,7 @@ def test_a_killed_rank_s_forks_do_not_hold_the_survivor(tmp_path, loader, leftov
 
     children = records(tmp_path / "children")
     for proc in (victim.mp_helper, victim.fork_helper, *victim.loader_workers):
-        assert children[proc.pid]["tcp"] == 0, f"{children[proc.pid]['kind']} {proc.pid} holds TCP sockets"
+        assert children[proc.pid]["gloo"] == 0, f"{children[proc.pid]['kind']} {proc.pid} holds Gloo sockets"
     final = read_json(tmp_path / "final-0.json")
     assert final["size"] == 1 and not (tmp_path / "final-1.json").exists()
     assert {key[2] for key in final["history"]} == {1, 2}
@@ -212,13 +207,13 @@ def test_every_loader_configuration_gives_the_same_batches_with_and_without_the_
     workers = collections.defaultdict(lambda: collections.defaultdict(list))
     for name, run in runs.items():
         for child in run["children"]:
-            workers[name][child["loader"]].append(child["tcp"])
+            workers[name][child["loader"]].append(child["gloo"])
     for loader in loaders:
         if loader == "w0":
             assert not workers["under_test"][loader]
             continue
         assert workers["under_test"][loader], f"no worker of {loader} reported"
-        assert set(workers["under_test"][loader]) == {0}, f"{loader} workers hold TCP sockets with the fix"
+        assert set(workers["under_test"][loader]) == {0}, f"{loader} workers hold Gloo sockets with the fix"
         if "spawn" not in loader and "forkserver" not in loader:
             # The reference really runs without the fix: forked workers inherit the Gloo sockets.
-            assert min(workers["reference"][loader]) > 0, f"{loader} workers of the reference hold no TCP socket"
+            assert min(workers["reference"][loader]) > 0, f"{loader} workers of the reference hold no Gloo socket"

@@ -1,15 +1,17 @@
-"""hvd_elastic.training.forksafe without Horovod: which descriptors a child releases, which
-children die with their parent, the off switch and the unsupported platform.
+"""hvd_elastic.training.forksafe without Horovod: a forked child releases the Gloo connections
+and keeps its own, which children die with their parent, the off switch and the unsupported platform.
 
-Cases that install the at-fork hooks run in a fresh interpreter (forksafe_probe.py):
-hooks cannot be removed, and pytest's process must not carry them.
+Gloo's loop is stood in for by gloo_shapes.GlooLikeLoop (real loopback connections in an epoll
+registered as Gloo's C++ code registers its own).  Cases that install the at-fork hooks run in a
+fresh interpreter (forksafe_probe.py): hooks cannot be removed, and pytest's process must not
+carry them.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,114 +20,63 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.testbed import child_env
-from hvd_elastic.training import forksafe
-
 from hvd_elastic.testbed.procs import is_alive, wait_dead
+from hvd_elastic.training import forksafe
 
 HERE = Path(__file__).parent
 PROBE = HERE / "forksafe_probe.py"
 CHILDREN = ("os_fork", "daemonic", "non_daemonic", "daemonic_from_thread")
 
 
-@pytest.fixture
-def descriptors():
-    """One of each kind the hook must tell apart, closed afterwards."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname())
-    accepted, _ = listener.accept()
-    tcp = {"listener": listener, "client": client, "accepted": accepted}
-    if socket.has_ipv6:
+def test_a_forked_child_releases_the_gloo_connections_and_its_own_connection_still_works():
+    with GlooLikeLoop() as gloo, socket.create_server(("127.0.0.1", 0)) as listener:
+        mine = socket.create_connection(listener.getsockname())
+        theirs, _ = listener.accept()
+        report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: release, use its own connection, then live on until the parent is done
+            try:
+                # Where an earlier test in this process installed the at-fork hook (TrainingState does),
+                # it has already released them before this line: count those too.
+                released = sorted(set(forksafe.release_gloo_sockets())
+                                  | {fd for fd in gloo.fds if os.readlink(f"/proc/self/fd/{fd}") == os.devnull})
+                mine.settimeout(30)
+                mine.sendall(b"ping")
+                reply = mine.recv(4).decode()
+                report = {"released": released, "reply": reply,
+                          "links": {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in gloo.fds}}
+                os.write(report_w, json.dumps(report).encode() + b"\n")
+                os.read(go_r, 1)
+            finally:
+                os._exit(0)
         try:
-            listener6 = socket.create_server(("::1", 0), family=socket.AF_INET6)
-        except OSError:
-            pass  # IPv6 configured off
-        else:
-            tcp["listener6"] = listener6
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
-    unix_left, unix_right = socket.socketpair()
-    tcp["unconnected"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    pipe_r, pipe_w = os.pipe()
-    file = open(__file__, "rb")
-    event = os.eventfd(0)
-    other = {"udp": udp.fileno(), "unix_left": unix_left.fileno(), "unix_right": unix_right.fileno(),
-             "pipe_r": pipe_r, "pipe_w": pipe_w,
-             "file": file.fileno(), "eventfd": event}
-    yield tcp, other
-    for s in (*tcp.values(), udp, unix_left, unix_right):
-        s.close()
-    for fd in (pipe_r, pipe_w, event):
-        os.close(fd)
-    file.close()
-
-
-def test_selects_exactly_the_tcp_sockets(descriptors):
-    tcp, other = descriptors
-    found = set(forksafe.tcp_socket_fds())
-    assert {s.fileno() for s in tcp.values()} <= found
-    assert not found & set(other.values()), {k: v for k, v in other.items() if v in found}
-
-
-def test_without_socket_names_the_tcp_tables_give_the_same_answer(descriptors, monkeypatch):
-    tcp, other = descriptors
-    named = set(forksafe.tcp_socket_fds())
-
-    def unsupported(path, attribute):
-        raise OSError(errno.EOPNOTSUPP, "Operation not supported", path)
-
-    monkeypatch.setattr(os, "getxattr", unsupported)
-    listed = set(forksafe.tcp_socket_fds())
-    # The tables list only bound or connected sockets: an unconnected one carries nothing.
-    assert listed == named - {tcp["unconnected"].fileno()}
-
-
-def test_a_forked_child_loses_only_its_tcp_sockets_and_the_parent_keeps_its_connection(descriptors):
-    tcp, other = descriptors
-    before = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in other.values()}
-    report_r, report_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: release, report, then live on until the parent is done
-        try:
-            # Where an earlier test in this process installed the at-fork hook (TrainingState does),
-            # it has already released them before this line: count those too.
-            released = sorted(set(forksafe.release_tcp_sockets())
-                              | {s.fileno() for s in tcp.values() if os.readlink(f"/proc/self/fd/{s.fileno()}") == os.devnull})
-            os.write(other["pipe_w"], b"p")
-            tcp_left = forksafe.tcp_socket_fds()
-            unix_ok = socket.socket(fileno=os.dup(other["unix_left"])).send(b"u") == 1
-            report = {"released": released, "tcp_left": tcp_left, "unix_ok": unix_ok,
-                      "links": {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in [*other.values(), *released]}}
-            os.write(report_w, json.dumps(report).encode() + b"\n")
-            os.read(go_r, 1)
+            theirs.settimeout(30)
+            assert theirs.recv(4) == b"ping"  # the child's send arrived...
+            theirs.sendall(b"pong")
+            with os.fdopen(report_r, closefd=False) as f:
+                report = json.loads(f.readline())
+            assert report["reply"] == "pong"  # ...and it received on its inherited connection
+            assert report["released"] == gloo.fds
+            assert set(report["links"].values()) == {os.devnull}  # the numbers stay taken
+            # The parent's Gloo connections are intact...
+            gloo.pairs[0].sendall(b"x")
+            assert gloo.peers[0].recv(1) == b"x"
+            # ...and closing the parent's end reaches the peer while the child lives on.
+            gloo.pairs[1].close()
+            gloo.peers[1].settimeout(30)
+            assert gloo.peers[1].recv(1) == b"", "the child still holds the Gloo connection"
+            assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         finally:
-            os._exit(0)
-    try:
-        with os.fdopen(report_r, closefd=False) as f:
-            report = json.loads(f.readline())
-        assert {s.fileno() for s in tcp.values()} <= set(report["released"])
-        assert not set(report["released"]) & set(other.values())
-        assert report["tcp_left"] == []
-        for fd in report["released"]:
-            assert report["links"][str(fd)] == os.devnull  # the number stays taken
-        assert {int(fd): link for fd, link in report["links"].items() if int(fd) in before} == before
-        assert report["unix_ok"] and os.read(other["pipe_r"], 1) == b"p"
-        assert socket.socket(fileno=os.dup(other["unix_right"])).recv(1) == b"u"
-        # The parent's connection is intact...
-        tcp["client"].sendall(b"x")
-        assert tcp["accepted"].recv(1) == b"x"
-        # ...and closing the parent's end reaches the peer while the child lives on.
-        tcp["client"].close()
-        tcp["accepted"].settimeout(30)
-        assert tcp["accepted"].recv(1) == b"", "the child still holds the connection"
-        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    finally:
-        os.write(go_w, b"g")
-        os.waitpid(pid, 0)
-        for fd in (report_r, report_w, go_r, go_w):
-            os.close(fd)
+            os.write(go_w, b"g")
+            os.waitpid(pid, 0)
+            for fd in (report_r, report_w, go_r, go_w):
+                os.close(fd)
+            mine.close()
+            theirs.close()
 
 
 def probe(tmp_path: Path, case: str, *args: str, fork_safety: str | None = None) -> dict:
@@ -142,27 +93,38 @@ def probe(tmp_path: Path, case: str, *args: str, fork_safety: str | None = None)
     return files
 
 
-def test_every_python_fork_releases_the_tcp_sockets_and_keeps_pipes_and_unix_sockets(tmp_path):
+def test_every_python_fork_releases_only_the_gloo_connections(tmp_path):
     out = probe(tmp_path, "forks")
     assert out["returncode"] == 0, out["stderr"]
     assert out["parent"]["installed"] is True
     for kind in CHILDREN:
         child = out[kind]
-        assert child["tcp"] == [], kind
-        assert set(child["inherited"].values()) == {os.devnull}, kind
-        assert child["unix_ok"] and all(link.startswith("pipe:") for link in child["pipe"]), kind
-    assert out["parent_after"]["connection_ok"]
+        assert child["gloo"] == [], kind
+        assert set(child["gloo_links"].values()) == {os.devnull}, kind
+        # Everything else it inherited works: its own connection both ways, the listener, pipes, unix sockets.
+        assert child["own_connection"] == "pong", (kind, child["own_connection"])
+        assert child["listener"] == "sent", (kind, child["listener"])
+        assert child["unix_ok"] and child["pipe_ok"], kind
+    assert out["parent_after"] == {"gloo_ok": True, "connection_ok": True}
 
 
-def test_only_multiprocessing_children_of_the_main_thread_die_with_their_parent(tmp_path):
+def test_a_forking_server_s_handler_keeps_its_connection(tmp_path):
+    out = probe(tmp_path, "forking_server")
+    assert out["returncode"] == 0, out["stderr"]
+    assert out["handler"]["gloo"] == [] and set(out["handler"]["gloo_links"].values()) == {os.devnull}
+    assert out["parent"]["reply"] == "ECHO ME"
+
+
+def test_only_daemonic_multiprocessing_children_of_the_main_thread_die_with_their_parent(tmp_path):
     out = probe(tmp_path, "forks", "--die")
     pids = out["parent"]["children"]
     procs = {kind: psutil.Process(pid) for kind, pid in pids.items() if psutil.pid_exists(pid)}
     try:
-        assert out["returncode"] == -9, out["stderr"]
-        for kind in ("daemonic", "non_daemonic"):
-            assert wait_dead(procs.get(kind), timeout=20), f"the {kind} child outlived its SIGKILLed parent"
-        for kind in ("os_fork", "daemonic_from_thread"):
+        assert out["returncode"] == -signal.SIGKILL, out["stderr"]
+        assert {kind: out[kind]["death_signal"] for kind in CHILDREN} == {
+            "daemonic": signal.SIGKILL, "os_fork": 0, "non_daemonic": 0, "daemonic_from_thread": 0}
+        assert wait_dead(procs.get("daemonic"), timeout=20), "the daemonic child outlived its SIGKILLed parent"
+        for kind in ("os_fork", "non_daemonic", "daemonic_from_thread"):
             assert kind in procs and is_alive(procs[kind]), f"the {kind} child died with its parent"
     finally:
         for proc in procs.values():
@@ -170,12 +132,20 @@ def test_only_multiprocessing_children_of_the_main_thread_die_with_their_parent(
                 proc.kill()
 
 
+def test_which_thread_forked_is_not_confused_by_a_fork_in_another_thread(tmp_path):
+    out = probe(tmp_path, "race")
+    assert out["returncode"] == 0, out["stderr"]
+    assert out["main_while_thread_forks"]["death_signal"] == signal.SIGKILL
+    assert out["thread_while_main_forks"]["death_signal"] == 0
+
+
 def test_the_off_switch_leaves_children_their_sockets(tmp_path):
     out = probe(tmp_path, "forks", fork_safety="0")
     assert out["returncode"] == 0, out["stderr"]
     assert out["parent"]["installed"] is False
-    assert sorted(out["os_fork"]["tcp"]) == out["parent"]["tcp"]
-    assert sorted(out["daemonic"]["tcp"]) == out["parent"]["tcp"]
+    for kind in ("os_fork", "daemonic"):
+        assert out[kind]["gloo"] == out["parent"]["gloo"], kind
+        assert out[kind]["death_signal"] == 0, kind
     assert "fork safety is off" in out["log"]
 
 
@@ -190,7 +160,7 @@ def test_without_proc_it_says_so_once_and_does_nothing(tmp_path):
     assert out["returncode"] == 0, out["stderr"]
     assert out["parent"]["installed"] == [False, False]
     assert out["log"].count("fork safety is unavailable") == 1, out["log"]
-    assert sorted(out["child"]["tcp"]) == out["parent"]["tcp"]
+    assert out["child"]["gloo"] == out["parent"]["gloo"]
 
 
 def test_subprocess_children_keep_what_pass_fds_gives_them(tmp_path):

@@ -1,27 +1,33 @@
 """Hanging up a failed rank's Gloo connections: the peer fails at once, the user's connections stay.
 
-Real processes: two ranks under horovodrun with Gloo (see gloo_hangup_worker.py), and
-real sockets on loopback for the shape of Gloo's event loop after a crash.
+Real processes: two ranks under horovodrun with Gloo (gloo_hangup_worker.py: a peer waiting on
+a failed rank; gloo_mismatch_worker.py: a failure that loses no peer), and real sockets on
+loopback for the shapes of event loops (gloo_shapes.GlooLikeLoop registers as Gloo does).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
+import selectors
 import socket
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
-from hvd_elastic.testbed import VENV_BIN, child_env
+from hvd_elastic.testbed import VENV_BIN, child_env, horovodrun_elastic, host_file_discovery
 from hvd_elastic.training import gloo_hangup
 
 WORKER = Path(__file__).with_name("gloo_hangup_worker.py")
+MISMATCH_WORKER = Path(__file__).with_name("gloo_mismatch_worker.py")
 GLOO_TIMEOUT = 120  # beyond rank 0's patience: only a hang-up or rank 0's exit ends rank 1's wait
 
 
@@ -41,7 +47,8 @@ def run(tmp_path: Path, hangup: str) -> tuple[dict, dict]:
 def test_the_waiting_peer_fails_at_once_and_user_connections_survive(tmp_path):
     rank0, rank1 = run(tmp_path, "1")
     assert rank0["found"] >= 1 and rank0["hung_up"] == rank0["found"]
-    assert rank0["user_sockets_found"] == []  # neither its own connection nor an asyncio-shaped epoll
+    # Neither its own connection, nor an asyncio-shaped epoll, nor a selectors loop woken by a pipe.
+    assert rank0["user_sockets_found"] == []
     assert rank0["user_connection_works"] is True
     assert rank1["error"] is not None and "Timed out" not in rank1["error"], rank1
     assert rank1["rank0_had_finished"] is False  # the hang-up told it, not rank 0's exit
@@ -52,6 +59,26 @@ def test_without_the_hang_up_the_peer_hears_only_when_the_process_ends(tmp_path)
     rank0, rank1 = run(tmp_path, "0")
     assert rank0["hung_up"] == 0 and rank0["found"] >= 1
     assert rank1["error"] is not None and rank1["rank0_had_finished"] is True
+
+
+@pytest.mark.slow
+def test_a_failure_that_loses_no_peer_is_hung_up_without_harm(tmp_path):
+    discovery = host_file_discovery(tmp_path / "hosts", "localhost:1\n127.0.0.1:1\n")
+    cmd = horovodrun_elastic(discovery, 2, 2, 2, sys.executable, str(MISMATCH_WORKER))
+    env = child_env(OUT=str(tmp_path), HOROVOD_GLOO_TIMEOUT_SECONDS=str(GLOO_TIMEOUT))
+    with open(tmp_path / "output.txt", "w") as output:
+        done = subprocess.run(cmd, env=env, stdout=output, stderr=subprocess.STDOUT, timeout=90,
+                              start_new_session=True)
+    log = (tmp_path / "output.txt").read_text()
+    assert done.returncode == 0, log[-3000:]
+    assert "no epoll loop shaped like Gloo's" not in log  # run()'s start-up check finds real Gloo's loop
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert sum(sum(rank["hung_up"]) for rank in ranks) > 0, "no live Gloo connection was cut: nothing tested"
+    for rank in ranks:
+        assert "Mismatched ALLREDUCE tensor shapes" in rank["error"], rank
+        assert [e["size"] for e in rank["entries"]] == [2, 2]  # nobody was lost
+        assert rank["result"] == 3.0  # the next world's allreduce works
+        assert rank["entries"][1]["at"] - rank["failed_at"] < 30, "the reset waited on a timeout"
 
 
 def _reset_by_peer(server: socket.socket) -> socket.socket:
@@ -67,18 +94,35 @@ def _reset_by_peer(server: socket.socket) -> socket.socket:
     return client
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def _client_connections(n: int):
+    """``n`` loopback connections: (ours, theirs) pairs."""
+    with socket.create_server(("127.0.0.1", 0)) as server, contextlib.ExitStack() as stack:
+        pairs = []
+        for _ in range(n):
+            ours = stack.enter_context(socket.create_connection(server.getsockname()))
+            pairs.append((ours, stack.enter_context(server.accept()[0])))
+        yield pairs
+
+
+def _still_connected(pairs) -> bool:
+    for ours, theirs in pairs:
+        ours.sendall(b"?")
+        theirs.settimeout(5)
+        if theirs.recv(1) != b"?":
+            return False
+    return True
+
+
 def test_a_gloo_shaped_loop_is_recognised_even_with_a_peer_already_reset():
     # A survivor that lost two peers: one of its pairs is reset, still registered; the live one must be hung up.
     with socket.create_server(("127.0.0.1", 0)) as server, contextlib.ExitStack() as stack:
-        live = stack.enter_context(socket.create_connection(server.getsockname()))
-        live_peer = stack.enter_context(server.accept()[0])
         dead = stack.enter_context(_reset_by_peer(server))
-        wake_r, wake_w = os.pipe()
-        stack.callback(os.close, wake_r)
-        stack.callback(os.close, wake_w)
-        gloo_loop = stack.enter_context(select.epoll())
-        for fd in (wake_r, live.fileno(), dead.fileno()):
-            gloo_loop.register(fd, select.EPOLLIN)
+        gloo = stack.enter_context(GlooLikeLoop(pairs=1, extra=(dead.fileno(),)))
         # Shaped otherwise: asyncio's wake-up socket pair, a listener: left alone.
         a, b = socket.socketpair()
         stack.enter_context(a), stack.enter_context(b)
@@ -86,10 +130,71 @@ def test_a_gloo_shaped_loop_is_recognised_even_with_a_peer_already_reset():
         for fd in (a.fileno(), server.fileno()):
             user_loop.register(fd, select.EPOLLIN)
 
-        assert gloo_hangup.gloo_sockets() == sorted([live.fileno(), dead.fileno()])
-        assert gloo_hangup.hang_up() == sorted([live.fileno(), dead.fileno()])
-        live_peer.settimeout(5)
-        assert live_peer.recv(1) == b""  # the live pair's peer reads the end of the stream now
+        expected = sorted([*gloo.fds, dead.fileno()])
+        assert gloo_hangup.gloo_sockets() == expected
+        assert gloo_hangup.hang_up() == expected
+        gloo.peers[0].settimeout(5)
+        assert gloo.peers[0].recv(1) == b""  # the live pair's peer reads the end of the stream now
+
+
+def test_a_python_loop_woken_by_a_pipe_watching_client_connections_is_left_alone():
+    # A hand-written selectors loop and a Twisted-style select.epoll: Gloo's shape but for the registration.
+    with _client_connections(4) as pairs, GlooLikeLoop() as gloo, contextlib.ExitStack() as stack:
+        wake_r, wake_w = os.pipe()
+        stack.callback(os.close, wake_r)
+        stack.callback(os.close, wake_w)
+        selector = stack.enter_context(selectors.EpollSelector())
+        selector.register(wake_r, selectors.EVENT_READ)
+        for ours, _ in pairs[:2]:
+            selector.register(ours, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        reactor = stack.enter_context(select.epoll())
+        reactor.register(wake_r, select.EPOLLIN)
+        for ours, _ in pairs[2:]:
+            reactor.register(ours.fileno(), select.EPOLLIN)
+
+        assert gloo_hangup.gloo_sockets() == gloo.fds  # only the loop registered as Gloo registers
+        assert gloo_hangup.hang_up() == gloo.fds
+        assert _still_connected(pairs)
+
+
+def test_looking_at_a_loop_with_a_descriptor_that_is_no_socket_leaves_nothing_open():
+    event = os.eventfd(0)
+    try:
+        with GlooLikeLoop(extra=(event,)):  # an eventfd among TCP pairs: not Gloo's shape
+            before = _open_fds()
+            for _ in range(20):
+                assert gloo_hangup.gloo_sockets() == []
+            assert _open_fds() == before
+    finally:
+        os.close(event)
+
+
+def test_a_descriptor_number_reused_after_the_listing_is_not_shut_down(monkeypatch):
+    with GlooLikeLoop(pairs=1) as gloo, _client_connections(1) as pairs:
+        user, _ = pairs[0]
+        listed = gloo_hangup.gloo_endpoints()
+        assert [e.fd for e in listed] == gloo.fds
+
+        def listed_then_reused():
+            # Between the listing and the shutdown Gloo closes the pair, and its number is reused for
+            # (here: made to name) a connection of the user's.
+            os.dup2(user.fileno(), gloo.fds[0])
+            return listed
+
+        monkeypatch.setattr(gloo_hangup, "gloo_endpoints", listed_then_reused)
+        assert gloo_hangup.hang_up() == []
+        assert _still_connected(pairs)
+
+
+def test_a_missing_gloo_loop_is_one_warning_per_check(caplog):
+    caplog.set_level(logging.INFO, logger=gloo_hangup.__name__)
+    assert gloo_hangup.check_found() is False
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "HOROVOD_GLOO_TIMEOUT_SECONDS" in warnings[0].getMessage()
+    caplog.clear()
+    with GlooLikeLoop():
+        assert gloo_hangup.check_found() is True
+    assert caplog.records == []
 
 
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):

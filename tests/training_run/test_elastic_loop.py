@@ -1,0 +1,115 @@
+"""run_elastic's order of steps around failures and host updates, and its one check for Gloo's loop.
+
+Horovod's collective (the sync agreement), its re-initialisation and the hang-up are replaced by
+recorders, so the order is seen exactly; the state is a recorder too.  The loop check runs for real
+against this process's descriptors (gloo_shapes.GlooLikeLoop stands in for Gloo's loop).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+from gloo_shapes import GlooLikeLoop
+from hvd_elastic.training import elastic_loop, gloo_hangup
+
+
+class RecordingState:
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def sync(self):
+        self.calls.append("sync")
+
+    def restore(self):
+        self.calls.append("restore")
+
+    def on_reset(self):
+        self.calls.append("on_reset")
+
+    def on_hosts_updated(self, timestamp, update_res):
+        pass
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Record the loop's steps; ``world["sizes"]`` are the sizes of successive worlds (the last repeats)."""
+    calls: list[str] = []
+    sizes = [2]
+
+    def sync_needed(mine):
+        calls.append(f"sync_needed({mine})")
+        return mine  # as if this rank alone decided
+
+    def reset():
+        calls.append("reset")
+        if len(sizes) > 1:
+            sizes.pop(0)
+
+    monkeypatch.setattr(elastic_loop, "_sync_needed", sync_needed)
+    monkeypatch.setattr(elastic_loop, "_reset", reset)
+    monkeypatch.setattr(elastic_loop.hvd, "size", lambda: sizes[0])
+    monkeypatch.setattr(elastic_loop.hvd, "gloo_enabled", lambda: True)
+    return {"calls": calls, "sizes": sizes}
+
+
+def failing(calls: list[str], outcomes: list[BaseException | None]):
+    """A training function raising ``outcomes`` in turn, then returning "done"."""
+    pending = iter(outcomes)
+
+    def fn(state):
+        calls.append("fn")
+        outcome = next(pending, None)
+        if outcome is not None:
+            raise outcome
+        return "done"
+
+    return fn
+
+
+def test_a_failure_hangs_up_before_restoring_and_a_host_update_never_hangs_up(world, monkeypatch):
+    calls = world["calls"]
+    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: calls.append("hang_up") or [])
+    monkeypatch.setattr(gloo_hangup, "check_found", lambda: calls.append("check_found") or True)
+    fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True),
+                         HostsUpdatedInterrupt(skip_sync=False)])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert calls == [
+        "sync_needed(True)", "check_found", "sync", "fn",
+        "hang_up", "restore", "reset", "on_reset",  # the failure: peers hear of it before anything else
+        "sync_needed(True)", "sync", "fn",
+        "reset", "on_reset",  # hosts removed: no hang-up, no restore, the sync may be skipped
+        "sync_needed(False)", "fn",
+        "reset", "on_reset",  # hosts added: no hang-up, no restore
+        "sync_needed(True)", "sync", "fn",
+    ]
+
+
+def test_a_missing_gloo_loop_is_one_warning_per_run_in_the_first_world_of_two(world, caplog):
+    caplog.set_level(logging.WARNING, logger=gloo_hangup.__name__)
+    world["sizes"][:] = [1, 2]  # a world of one has no pairs: the check waits for the next world
+    calls = world["calls"]
+    fn = failing(calls, [HorovodInternalError("first"), HorovodInternalError("second"),
+                         HorovodInternalError("third")])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert calls.count("fn") == 4
+    warnings = [r for r in caplog.records if r.name == gloo_hangup.__name__ and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+    caplog.clear()
+    with GlooLikeLoop():
+        assert elastic_loop.run_elastic(failing(calls, [HorovodInternalError("again")]), RecordingState(calls)) \
+            == "done"
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
+def test_with_the_hang_up_off_the_loop_is_not_checked(world, monkeypatch, caplog):
+    monkeypatch.setenv(gloo_hangup.ENV, "0")
+    caplog.set_level(logging.WARNING, logger=gloo_hangup.__name__)
+    calls = world["calls"]
+    assert elastic_loop.run_elastic(failing(calls, []), RecordingState(calls)) == "done"
+    assert caplog.records == []
