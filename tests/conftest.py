@@ -1,4 +1,10 @@
-"""Suite-wide rules.
+"""Suite-wide rules and fixtures.
+
+``consul_kind``: a test that takes it runs twice, against the project's dev agent
+("dev") and against HashiCorp Consul ("consul", :mod:`hvd_elastic.testbed.realconsul`);
+build its cluster with ``consul_cluster(consul_kind, nodes, ...)``.  A test marked
+``dev_agent_only("why")`` runs on the dev agent alone: the reason names the
+difference (see the table in :mod:`hvd_elastic.devagent`).
 
 In CI (``CI`` set to a true value, as ``.ci/run`` does) a skipped test is a
 failure naming what was missing: every prerequisite of the suite (root for the
@@ -13,6 +19,8 @@ import os
 
 import pytest
 
+from hvd_elastic.testbed.realconsul import KINDS, unavailable_reason
+
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -24,3 +32,18 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"missing prerequisite (a skip fails in CI, CI={os.environ['CI']!r}): {reason}"
+
+
+def pytest_generate_tests(metafunc):
+    if "consul_kind" in metafunc.fixturenames:
+        kinds = ["dev"] if metafunc.definition.get_closest_marker("dev_agent_only") else list(KINDS)
+        metafunc.parametrize("consul_kind", kinds, indirect=True)
+
+
+@pytest.fixture
+def consul_kind(request):
+    """The parametrized kind; "consul" without the binary skips naming why (a failure in CI)."""
+    kind = request.param
+    if kind == "consul" and (reason := unavailable_reason()):
+        pytest.skip(reason)
+    return kind

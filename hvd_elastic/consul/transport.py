@@ -89,6 +89,10 @@ def _read_response(sock: socket.socket, deadline: float) -> tuple[int, dict[str,
                 raise BadAnswer("no end of HTTP headers")
         if length is not None and len(buf) - head_end - 4 >= length:
             break  # complete: no need to wait for the server to close
+        # A chunked body is complete at its last chunk, whether or not the server (or a proxy in between)
+        # closes the connection then: waiting for the close would spend the call's whole deadline.
+        if head_end >= 0 and length is None and _is_chunked(headers) and _chunked_end(buf, head_end + 4):
+            break
         sock.settimeout(remaining(deadline))
         data = sock.recv(_READ)
         if not data:
@@ -101,9 +105,31 @@ def _read_response(sock: socket.socket, deadline: float) -> tuple[int, dict[str,
         if len(body) < length:
             raise BadAnswer(f"connection closed after {len(body)} of {length} body bytes", truncated=True)
         return status, headers, body[:length]
-    if headers.get("transfer-encoding", "").lower() == "chunked":
+    if _is_chunked(headers):
         return status, headers, _dechunk(body)
     return status, headers, body
+
+
+def _is_chunked(headers: dict[str, str]) -> bool:
+    return headers.get("transfer-encoding", "").lower() == "chunked"
+
+
+def _chunked_end(buf: bytearray, pos: int) -> bool:
+    """Whether ``buf[pos:]`` holds a whole chunked body, last chunk and trailer included (no copy made)."""
+    while True:
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            return False
+        size_text = bytes(buf[pos:line_end]).split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size_text):
+            return True  # malformed: stop reading, _dechunk says what is wrong
+        size = int(size_text, 16)
+        if size == 0:
+            trailer = line_end + 2
+            return buf[trailer:trailer + 2] == b"\r\n" or buf.find(b"\r\n\r\n", trailer) >= 0
+        pos = line_end + 2 + size + 2
+        if pos > len(buf):
+            return False
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -121,7 +147,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 
 def _content_length(headers: dict[str, str]) -> int | None:
-    if headers.get("transfer-encoding", "").lower() == "chunked" or "content-length" not in headers:
+    if _is_chunked(headers) or "content-length" not in headers:
         return None  # chunked wins over Content-Length (RFC 9112 6.3)
     text = headers["content-length"]
     if not text.isdigit():

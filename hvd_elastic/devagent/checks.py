@@ -57,14 +57,27 @@ class CheckRunner(abc.ABC):
 
 
 class TTLRunner(CheckRunner):
+    """A TTL check.  Across an agent restart it keeps only what Consul persists: the
+    status of the last update while that update's TTL has not run out; a check that
+    was never updated, or whose TTL ran out, comes back critical with no output."""
+
     type_name = "ttl"
 
     def __init__(self, definition: dict, report: Report) -> None:
         super().__init__(definition, report)
         self._timer: asyncio.TimerHandle | None = None
         self._last_output = ""
+        self._started = False
+        self._persisted: tuple[str, str, float] | None = None  # status, output, expiry (loop time)
 
     def start(self) -> None:
+        if self._started:  # a restart of the agent
+            loop_time = asyncio.get_running_loop().time()
+            if self._persisted is not None and loop_time < self._persisted[2]:
+                self.report(*self._persisted[:2])
+            else:
+                self.report(CRITICAL, "")
+        self._started = True
         self._arm()
 
     def stop(self) -> None:
@@ -89,6 +102,8 @@ class TTLRunner(CheckRunner):
         self._last_output = truncate_output(output)
         self.report(status, self._last_output)
         self._arm()
+        expiry = asyncio.get_running_loop().time() + self.definition["TTL"] / SECOND
+        self._persisted = (status, self._last_output, expiry)
 
 
 class IntervalRunner(CheckRunner):

@@ -146,6 +146,8 @@ class DevCluster:
     in ``X-Consul-Results-Filtered-By-ACLs``.
     """
 
+    kind = "dev"  # beside hvd_elastic.testbed.realconsul.ConsulCluster's "consul"
+
     def __init__(
         self,
         nodes: list[str] | tuple[str, ...] = ("gpu-a",),

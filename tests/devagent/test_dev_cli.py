@@ -91,6 +91,7 @@ def test_node_stop_and_start_over_dev_endpoint(agent_process):
     proc, addresses = agent_process("--nodes", "localhost,127.0.0.1", "--http-port", "0")
     a, b = Raw(addresses["localhost"]), Raw(addresses["127.0.0.1"])
     b.request("PUT", "/v1/agent/service/register", {"Name": "w", "Check": {"TTL": "60s", "Status": "passing"}})
+    b.request("PUT", "/v1/agent/check/pass/service:w")  # an update is what survives a restart, as in Consul
     assert len(a.json("GET", "/v1/health/service/w?passing")[0]) == 1
     assert a.request("PUT", "/_dev/node/127.0.0.1/stop")[0] == 200
     assert a.json("GET", "/v1/health/service/w?passing")[0] == []

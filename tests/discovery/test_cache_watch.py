@@ -24,7 +24,7 @@ from hvd_elastic.testbed.hostcache import (
 )
 from consul_testing import clean_env, consul_request, register, run_discovery
 
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.discovery import cache
 from hvd_elastic.testbed import HVD_ELASTIC, child_env, start_dev_agent, wait_until
 
@@ -141,6 +141,8 @@ def test_a_stale_cache_is_never_trusted(cluster, state, jobs):
 def test_consul_outage_and_return(cluster, state, jobs):
     local = cluster.addr("localhost")
     register(local, slots="4")
+    # Updated once, as a node agent does: Consul brings a TTL check back from a restart only so.
+    consul_request(local, "PUT", "/v1/agent/check/pass/service:horovod")
     job = jobs(cache_env(state, local))
     warm(job, state)
     path = cache_files(state)[0]
@@ -253,6 +255,7 @@ def test_an_operator_watch_serves_discovery_with_the_same_settings_only(cluster,
             watcher.stderr.close()
 
 
+@pytest.mark.dev_agent_only("a follower's X-Consul-LastContact lag is set on the dev agent; one real server has none")
 def test_stale_reads_are_bounded_by_last_contact(cluster, state, jobs):
     local, other = cluster.addr("localhost"), cluster.addr("127.0.0.1")
     register(local, slots="4")
@@ -269,9 +272,9 @@ def test_stale_reads_are_bounded_by_last_contact(cluster, state, jobs):
     wait_until("the watcher to recover", lambda: (r := fresh_record(state)) and r.hosts == b"127.0.0.1:2\nlocalhost:4\n", WAIT)
 
 
-def test_tokens_never_reach_cache_files_logs_or_command_lines(tmp_path, state, jobs):
+def test_tokens_never_reach_cache_files_logs_or_command_lines(tmp_path, state, jobs, consul_kind):
     secret = "s3cret-t0ken"
-    with DevCluster(nodes=["localhost"], acl_token=secret) as secured:
+    with consul_cluster(consul_kind, ["localhost"], acl_token=secret) as secured:
         addr = secured.addr("localhost")
         register(addr, slots="2", token=secret)
         job = jobs(cache_env(state, addr))

@@ -15,7 +15,7 @@ import threading
 import pytest
 from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery, self_signed_cert
 
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.testbed.consul import refused_address
 
 pytestmark = pytest.mark.slow  # each test runs the discovery script as a process
@@ -138,8 +138,8 @@ def test_a_first_call_waits_for_one_slow_answer_a_later_call_does_not(tmp_path):
         assert_failed(run_discovery(env), 1, "did not answer")
 
 
-def test_acl_token_is_required_and_the_flag_wins(tmp_path):
-    with DevCluster(nodes=["localhost"], acl_token="s3cret") as secured:
+def test_acl_token_is_required_and_the_flag_wins(tmp_path, consul_kind):
+    with consul_cluster(consul_kind, ["localhost"], acl_token="s3cret") as secured:
         addr = secured.addr("localhost")
         register(addr, slots="2", token="s3cret")
         env = clean_env(tmp_path, CONSUL_HTTP_ADDR=addr)
@@ -210,9 +210,9 @@ def test_bad_input_exits_2(tmp_path, args, env_extra, needle):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # one line, no usage block
 
 
-def test_tls_with_ca_file(tmp_path):
+def test_tls_with_ca_file(tmp_path, consul_kind):
     cert, key = self_signed_cert(tmp_path)
-    with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
+    with consul_cluster(consul_kind, ["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
         addr = secured.addr("localhost")
         register_tls = {"Name": "horovod", "Meta": {"slots": "1"}, "Check": {"TTL": "300s", "Status": "passing"}}
         env = clean_env(tmp_path, CONSUL_HTTP_ADDR=f"https://{addr}")
@@ -241,12 +241,16 @@ def _chunked(body: bytes) -> bytes:
     [
         (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(HOSTS_JSON), HOSTS_JSON), True),  # stops at Content-Length
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON), False),
+        # stops at the last chunk: found through a proxy in front of real Consul, which chunks answers over 2 KiB
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON), True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON)[:-2] + b"X-T: 1\r\n\r\n", True),
         (b"HTTP/1.0 200 OK\r\n\r\n" + HOSTS_JSON, False),  # delimited by the end of the connection
     ],
 )
 def test_transport_body_framings(tmp_path, answer, keep_open):
     with RawServer(answer, keep_open=keep_open) as server:
-        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--timeout", "5")
+        # The server keeps the connection open 10 s: the call must not wait for it to close.
+        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--timeout", "5", "--first-call-retry", "0")
     assert (result.returncode, result.stdout, result.stderr) == (0, "n1:2\n", "")
 
 

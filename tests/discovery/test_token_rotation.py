@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from consul_testing import clean_env, register
 
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.testbed import wait_until
 from hvd_elastic.testbed.hostcache import StandInJob, fresh_record, kill_watchers
 
@@ -45,10 +45,10 @@ def state(tmp_path):
     kill_watchers(directory)
 
 
-def test_the_watcher_gets_the_token_file_and_follows_its_rotation(tmp_path, state):
+def test_the_watcher_gets_the_token_file_and_follows_its_rotation(tmp_path, state, consul_kind):
     token_file = tmp_path / "consul-token"
     write_token(token_file, TOKEN)
-    with DevCluster(nodes=["localhost"], acl_token=TOKEN) as cluster:
+    with consul_cluster(consul_kind, ["localhost"], acl_token=TOKEN) as cluster:
         register(cluster.addr("localhost"), slots="2", token=TOKEN)
         env = clean_env(state, CONSUL_HTTP_ADDR=cluster.addr("localhost"), HVD_ELASTIC_DISCOVERY_CACHE="on",
                         HVD_ELASTIC_DISCOVERY_WATCH_WAIT="1", CONSUL_HTTP_TOKEN_FILE=str(token_file))

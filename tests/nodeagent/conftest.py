@@ -1,4 +1,4 @@
-"""Fixtures of the node-agent tests: the dev Consul cluster and node-agent processes."""
+"""Fixtures of the node-agent tests: a two-node Consul cluster (the dev agent, then real Consul) and node-agent processes."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.testbed import Job, child_env, start_node_agent
 
 
 @pytest.fixture
-def cluster():
-    with DevCluster(nodes=["localhost", "127.0.0.1"]) as c:
+def cluster(consul_kind):
+    """Consul (dev agent, then real Consul) with the two local horovodrun hosts as nodes, each its own agent."""
+    with consul_cluster(consul_kind, ["localhost", "127.0.0.1"]) as c:
         yield c
 
 

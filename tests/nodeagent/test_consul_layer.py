@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.nodeagent.agent import NodeAgent, Registration
 from hvd_elastic.nodeagent.probes import PASSING, Probe, ProbeResult
 from hvd_elastic.testbed import HVD_ELASTIC, REPO, child_env, start_node_agent, wait_until
@@ -26,11 +26,11 @@ def hvd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_every_command_honours_consul_tls_server_name(tmp_path):
+def test_every_command_honours_consul_tls_server_name(tmp_path, consul_kind):
     # The certificate names 127.0.0.1 only; the address says localhost.  Each command must check the
     # certificate against CONSUL_TLS_SERVER_NAME, as the consul CLI does, and fail without it.
     cert, key = self_signed_cert(tmp_path)
-    with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
+    with consul_cluster(consul_kind, ["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
         port = secured.addr("localhost").rsplit(":", 1)[1]
         env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=f"https://localhost:{port}", CONSUL_CACERT=str(cert))
         named = dict(env, CONSUL_TLS_SERVER_NAME="127.0.0.1")
@@ -142,7 +142,7 @@ def test_one_consul_transport():
 
 
 @pytest.mark.slow
-def test_the_node_agent_follows_a_token_file_rotated_in_place(tmp_path):
+def test_the_node_agent_follows_a_token_file_rotated_in_place(tmp_path, consul_kind):
     good = "mgmt-token-for-this-test"
     token_file = tmp_path / "consul-token"
 
@@ -153,7 +153,7 @@ def test_the_node_agent_follows_a_token_file_rotated_in_place(tmp_path):
         tmp.replace(token_file)
 
     write_token("expired-" + good)
-    with DevCluster(nodes=["localhost"], acl_token=good) as cluster:
+    with consul_cluster(consul_kind, ["localhost"], acl_token=good) as cluster:
         env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=cluster.addr("localhost"),
                         CONSUL_HTTP_TOKEN_FILE=str(token_file))
         agent = start_node_agent("--probe", "memory", "--min-free-memory", "1K", "--slots", "3", "--interval", "0.3",

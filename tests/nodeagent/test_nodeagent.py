@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from hvd_elastic.devagent import DevCluster
+from hvd_elastic.testbed.realconsul import consul_cluster
 from hvd_elastic.testbed import HVD_ELASTIC, REPO, child_env, wait_until
 from hvd_elastic.testbed.consul import consul_request, refused_address, register, run_discovery, self_signed_cert
 
@@ -98,7 +98,8 @@ def test_ttl_expires_when_the_agent_stops_and_it_reregisters_after_state_loss(cl
     agent.signal(signal.SIGSTOP)
     wait_until("the TTL to expire",
                lambda: (service_check(addr) or {}).get("Output", "").startswith("TTL expired"), WAIT)
-    assert run_discovery(env).stdout == ""
+    # Real Consul's agent tells its servers a moment later (anti-entropy): the catalog follows.
+    wait_until("discovery to drop the node", lambda: run_discovery(env).stdout == "", WAIT)
     agent.signal(signal.SIGCONT)
     wait_until("the node to come back", lambda: run_discovery(env).stdout == "127.0.0.1:1\n", WAIT)
 
@@ -170,8 +171,8 @@ def test_node_agent_bad_input_exits_2(tmp_path, args, needle):
     assert result.returncode == 2 and needle in result.stderr, result
 
 
-def test_explicit_token_wins_over_the_environment(node_agents, tmp_path):
-    with DevCluster(nodes=["localhost"], acl_token="s3cret") as secured:
+def test_explicit_token_wins_over_the_environment(node_agents, tmp_path, consul_kind):
+    with consul_cluster(consul_kind, ["localhost"], acl_token="s3cret") as secured:
         addr = secured.addr("localhost")
         env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=addr, CONSUL_HTTP_TOKEN="wrong")
         agent = node_agents.start(addr, "--slots", "1", "--token", "s3cret", env=env)
@@ -199,9 +200,9 @@ def test_slurm_epilog_drains_and_prolog_undrains(cluster, node_agents, tmp_path)
     assert run_discovery(env).stdout == "localhost:1\n"
 
 
-def test_node_agent_drain_and_status_over_tls(node_agents, tmp_path):
+def test_node_agent_drain_and_status_over_tls(node_agents, tmp_path, consul_kind):
     cert, key = self_signed_cert(tmp_path)
-    with DevCluster(nodes=["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
+    with consul_cluster(consul_kind, ["localhost"], tls_cert=str(cert), tls_key=str(key)) as secured:
         env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=f"https://{secured.addr('localhost')}",
                         CONSUL_CACERT=str(cert))
         node_agents.start("", "--slots", "3", env=env)
