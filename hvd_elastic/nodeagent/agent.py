@@ -13,6 +13,11 @@ Contract:
   state) the service is registered again.  Consul says so only as a 500 whose
   text changed across versions, so a refused update is followed by a look at
   ``GET /v1/agent/checks``: the check missing there is the signal, not the text.
+* While its Consul agent is unreachable it looks for it every
+  ``OUTAGE_POLL_S`` (a cheap ``/v1/status/leader``, no probe) and reports as
+  soon as it answers: a restarted Consul agent brings every check back critical
+  until its next update (Consul keeps a restored check out of rotation until
+  it passes), and each moment of that is a moment discovery may drop the node.
 * Health transitions and Consul reachability changes are logged once each.
 * A token from a file is read again every tick, so a token rotated in place
   (Vault Agent and the like) takes effect without a restart.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from hvd_elastic.consul import api
@@ -74,6 +80,10 @@ class Registration:
         if self.port is not None:
             body["Port"] = self.port
         return body
+
+
+#: Seconds between looks for an unreachable Consul agent (see the module docstring).
+OUTAGE_POLL_S = 0.1
 
 
 class NodeAgent:
@@ -143,10 +153,25 @@ class NodeAgent:
         """Tick every ``interval`` seconds until ``stop`` is set, then deregister."""
         try:
             self.tick()
-            while not stop.wait(self.interval):
+            while not self._wait(stop):
                 self.tick()
         finally:
             self.close()
+
+    def _wait(self, stop: threading.Event) -> bool:
+        """Until the next tick (True: ``stop`` was set): ``interval`` seconds, cut short by Consul's return."""
+        if self._consul_ok is not False:
+            return stop.wait(self.interval)
+        deadline = time.monotonic() + self.interval
+        while (left := deadline - time.monotonic()) > 0:
+            if stop.wait(min(OUTAGE_POLL_S, left)):
+                return True
+            try:
+                if api.leader(self.config, timeout=OUTAGE_POLL_S):
+                    return False
+            except (ConsulError, ConfigError):
+                pass
+        return stop.is_set()
 
     def _note_health(self, result: ProbeResult) -> None:
         if result.status != self._last_status:

@@ -1,4 +1,4 @@
-"""An elastic job on real hosts: the netns bed + Consul dev agent + node agents + horovodrun over ssh.
+"""An elastic job on real hosts: the netns bed + Consul + node agents + horovodrun over ssh.
 
 :class:`ElasticCluster` is what the fault matrix and the recovery benchmark use::
 
@@ -8,10 +8,15 @@
         cluster.bed.partition("hvdtb2")
         ...
 
-Layout: the dev agent runs in this process, bound to the bed's bridge address,
-with one Consul node per test host (and spares for hosts added later) plus one
-for the launcher, where discovery asks.  Each test host runs ``hvd-elastic
-node-agent`` inside its namespace against its own node.  The job runs on the
+Consul is HashiCorp's by default (``consul="consul"``), laid out as in
+production: one server agent in the root namespace, bound to the bed's bridge
+address, and a client agent inside every host's namespace (the launcher's
+included, where discovery asks), joined to it by gossip over the bed's
+network; so a partitioned or frozen host is also marked critical by
+``serfHealth``, and a host that crashes loses its agent.  ``consul="dev"`` is
+the dev agent instead, in this process on the bridge address, one Consul node
+per host (and spares for hosts added later).  Each test host runs
+``hvd-elastic node-agent`` inside its namespace against its own node's agent.  The job runs on the
 launcher host: ``horovodrun`` with ``discovery/consul_hosts`` (or a plain host
 file, for baselines), reaching every host over ssh, training
 :mod:`hvd_elastic.testbed.worker`.  Every process it starts dies with it.
@@ -31,6 +36,7 @@ from hvd_elastic.devagent import DevCluster
 from .env import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, child_env
 from .job import Job, host_file_discovery, horovodrun_elastic
 from .netns import LAUNCHER, PREFIX, NetnsBed
+from .realconsul import ConsulCluster
 from .records import JsonLines
 
 SPARE_HOSTS = 2  # Consul nodes made ready for hosts a test adds mid-run
@@ -55,18 +61,22 @@ class ElasticCluster:
         gloo_timeout: ``HOROVOD_GLOO_TIMEOUT_SECONDS`` of the job: what a collective
             with a hung or partitioned peer waits before it fails.
         slots: slots each node agent advertises.
-        acl_token: turn the dev agent's ACLs on with this token, which every process the
+        acl_token: turn Consul's ACLs on with this token, which every process the
             cluster starts reads from a file only its owner may read (``consul_env``).
+        consul: "consul" (HashiCorp Consul agents, see the module docstring) or "dev".
     """
 
     def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
-                 acl_token: str | None = None):
+                 acl_token: str | None = None, consul: str = "consul"):
+        if consul not in ("consul", "dev"):
+            raise ValueError(f"consul must be 'consul' or 'dev', got {consul!r}")
+        self.consul_kind = consul
         self.workdir = Path(workdir)
         self.slots = slots
         self.ttl = ttl
         self.gloo_timeout = gloo_timeout
         self.bed = NetnsBed(self.workdir / "bed", hosts)
-        self.consul: DevCluster | None = None
+        self.consul: ConsulCluster | DevCluster | None = None
         self.agents: dict[str, Job] = {}
         self.jobs: list[Job] = []
         self._initial = hosts
@@ -84,7 +94,11 @@ class ElasticCluster:
                 token_file.touch(mode=0o600)
                 token_file.write_text(self.acl_token)
                 self.consul_env = {"CONSUL_HTTP_TOKEN_FILE": str(token_file)}
-            self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address, acl_token=self.acl_token).start()
+            if self.consul_kind == "consul":
+                self.consul = ConsulCluster(nodes[: 1 + self._initial], acl_token=self.acl_token,
+                                            server_address=self.bed.bridge_address, placement=self._placement).start()
+            else:
+                self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address, acl_token=self.acl_token).start()
             for host in self.bed.hosts:
                 self.start_agent(host)
         except BaseException:
@@ -109,10 +123,20 @@ class ElasticCluster:
     def consul_addr(self, node: str = LAUNCHER) -> str:
         return self.consul.addr(node)
 
+    def _placement(self, node: str) -> tuple[str, list[str]]:
+        """Where ``node``'s Consul agent runs: its host's address and namespaces."""
+        host = self.bed.launcher if node == LAUNCHER else self.bed.hosts[node]
+        return host.address, host.enter()
+
     def start_agent(self, host: str) -> Job:
-        """Start (or restart) the node agent of ``host`` inside its namespace."""
+        """Start (or restart) the node agent of ``host`` inside its namespace (and its Consul agent, if it died)."""
         if host in self.agents:
             self.agents[host].kill()
+        if isinstance(self.consul, ConsulCluster):
+            if host not in self.consul.nodes:
+                self.consul.add_node(host)
+            elif not self.consul.is_running(host):
+                self.consul.start_node(host)
         interval = max(self.ttl / 4, 0.2)
         job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
                                      "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),

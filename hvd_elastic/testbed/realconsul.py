@@ -31,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hvd_elastic.consul import api, client
@@ -54,6 +55,14 @@ def unavailable_reason() -> str | None:
     return f"no real Consul at {CONSUL}: scripts/bootstrap.sh fetches it (scripts/fetch-consul.sh)"
 
 
+#: Where a node's agent runs: (its address, the command prefix that runs a program there).
+Placement = Callable[[str], "tuple[str, list[str]]"]
+
+
+def _loopback(node: str) -> tuple[str, list[str]]:
+    return "127.0.0.1", []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,8 +72,9 @@ def _free_port() -> int:
 class _Agent:
     """One ``consul agent`` process: its configuration file, data folder, port and log."""
 
-    def __init__(self, name: str, workdir: Path, config: dict) -> None:
+    def __init__(self, name: str, workdir: Path, config: dict, prefix: list[str]) -> None:
         self.name = name
+        self.prefix = prefix
         self.dir = workdir / f"agent-{len(list(workdir.iterdir()))}"
         self.dir.mkdir()
         self.config_file = self.dir / "config.json"
@@ -73,7 +83,7 @@ class _Agent:
 
     def start(self, *extra: str) -> None:
         with open(self.dir / "agent.log", "ab") as log:
-            self.proc = subprocess.Popen([str(CONSUL), "agent", *extra, "-config-file", str(self.config_file)],
+            self.proc = subprocess.Popen([*self.prefix, str(CONSUL), "agent", *extra, "-config-file", str(self.config_file)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
 
@@ -94,12 +104,16 @@ class ConsulCluster:
 
     ``acl_token`` turns ACLs on with default deny and that token as the master
     (management) token; ``tls_cert``/``tls_key`` serve HTTPS instead of HTTP.
+    ``server_address`` is where the server agent binds, ``placement`` where each
+    node's agent runs (default: all on loopback; the multi-host bed puts each in
+    its host's network namespace, at the host's address).
     """
 
     kind = "consul"
 
     def __init__(self, nodes: list[str] | tuple[str, ...] = ("gpu-a",), acl_token: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None, datacenter: str = "dc1") -> None:
+                 tls_cert: str | None = None, tls_key: str | None = None, datacenter: str = "dc1",
+                 server_address: str = "127.0.0.1", placement: Placement = _loopback) -> None:
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
@@ -112,6 +126,9 @@ class ConsulCluster:
         self.tls = tls_cert is not None
         self.datacenter = datacenter
         self._tls_files = (tls_cert, tls_key)
+        self._placement = placement
+        self._addresses = {SERVER: server_address}
+        self._server_serf = 0
         self._workdir: Path | None = None
         self._agents: dict[str, _Agent] = {}
         self._ports: dict[str, int] = {}
@@ -123,12 +140,9 @@ class ConsulCluster:
             raise RuntimeError("ConsulCluster already started")
         self._workdir = Path(tempfile.mkdtemp(prefix="hvd-elastic-consul-"))
         try:
-            server_serf = _free_port()
+            self._server_serf = _free_port()
             for name in (SERVER, *self.nodes):
-                self._ports[name] = _free_port()
-                agent = _Agent(name, self._workdir, self._config(name, server=name == SERVER, server_serf=server_serf))
-                self._agents[name] = agent
-                agent.start(*(["-dev"] if name == SERVER else []))
+                self._launch(name)
             deadline = time.monotonic() + timeout
             for name in (SERVER, *self.nodes):
                 self._wait_alive(name, deadline)
@@ -156,7 +170,7 @@ class ConsulCluster:
     def addr(self, node: str) -> str:
         """``host:port`` of ``node``'s agent HTTP(S) API."""
         self._known(node)
-        return f"127.0.0.1:{self._ports[node]}"
+        return f"{self._addresses[node]}:{self._ports[node]}"
 
     def url(self, node: str) -> str:
         return f"{'https' if self.tls else 'http'}://{self.addr(node)}"
@@ -178,6 +192,14 @@ class ConsulCluster:
                 raise TimeoutError(f"Consul did not mark {node} critical within {timeout:.0f}s")
             time.sleep(0.2)
 
+    def add_node(self, node: str, timeout: float = 60.0) -> None:
+        """A new node whose agent joins the running cluster (placed by ``placement``)."""
+        if node in self.nodes or node == SERVER:
+            raise ValueError(f"node {node!r} exists already")
+        self.nodes.append(node)
+        self._launch(node)
+        self._wait_alive(node, time.monotonic() + timeout)
+
     def start_node(self, node: str, timeout: float = 60.0) -> None:
         """Restart ``node``'s agent (same port, name, data); returns once it is alive again."""
         self._known(node)
@@ -188,17 +210,28 @@ class ConsulCluster:
 
     # -- helpers ----------------------------------------------------------
 
-    def _config(self, name: str, *, server: bool, server_serf: int) -> dict:
-        ports = {"dns": -1, "grpc": -1, "serf_lan": server_serf if server else _free_port(), "http": -1, "https": -1}
+    def _launch(self, name: str) -> None:
+        server = name == SERVER
+        prefix: list[str] = []
+        if not server:
+            self._addresses[name], prefix = self._placement(name)
+        self._ports[name] = _free_port()
+        agent = _Agent(name, self._workdir, self._config(name, server=server), prefix)
+        self._agents[name] = agent
+        agent.start(*(["-dev"] if server else []))
+
+    def _config(self, name: str, *, server: bool) -> dict:
+        address = self._addresses[name]
+        ports = {"dns": -1, "grpc": -1, "serf_lan": self._server_serf if server else _free_port(), "http": -1, "https": -1}
         if server:  # a client agent dials the server port it learns by gossip (setting it to -1 crashes 1.8.7)
             ports.update(serf_wan=_free_port(), server=_free_port())
         ports["https" if self.tls else "http"] = self._ports[name]
         config: dict = {"datacenter": self.datacenter, "primary_datacenter": self.datacenter,
-                        "bind_addr": "127.0.0.1", "advertise_addr": "127.0.0.1", "client_addr": "127.0.0.1",
+                        "bind_addr": address, "advertise_addr": address, "client_addr": address,
                         "ports": ports, "log_level": "warn", "disable_update_check": True,
                         "leave_on_terminate": False}  # a stopped node is a dead agent, not a graceful leave
         if not server:
-            config["retry_join"] = [f"127.0.0.1:{server_serf}"]
+            config["retry_join"] = [f"{self._addresses[SERVER]}:{self._server_serf}"]
             config["retry_interval"] = "1s"
         if self.acl_token is not None:
             config["acl"] = {"enabled": True, "default_policy": "deny", "enable_token_persistence": False,
@@ -209,7 +242,7 @@ class ConsulCluster:
         return config
 
     def _client_config(self, node: str) -> ConsulConfig:
-        return ConsulConfig(host="127.0.0.1", port=self._ports[node], scheme="https" if self.tls else "http", verify=False,
+        return ConsulConfig(host=self._addresses[node], port=self._ports[node], scheme="https" if self.tls else "http", verify=False,
                             token=self.acl_token)
 
     def _serf_health(self, node: str) -> str | None:

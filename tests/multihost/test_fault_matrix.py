@@ -197,8 +197,12 @@ def test_consul_down_20s_and_back(cluster, reliability):
     back = time.time()
     cluster.wait_discovered(["hvdtb1:1", "hvdtb2:1", "hvdtb3:1"])
     cluster.wait_steps(job, size=3, steps=5, since=back, timeout=HANG_GUARD)
-    events = finish_and_check(cluster, job, reliability, "Consul dev agent down 20 s and back")
-    assert resets(events) == [], f"an outage of Consul alone must not resize the job: {resets(events)}"
+    events = finish_and_check(cluster, job, reliability, "Consul agents down 20 s and back")
+    # An outage longer than the TTL: Consul brings every check back critical until its node agent's
+    # next update (a restored check stays out of rotation until it passes), so discovery may catch a
+    # host in that moment and the job may resize; never with a rollback, nothing lost (checked above).
+    assert all(r[0] == "hosts_updated" for r in resets(events)), resets(events)
+    assert "restore" not in [e["event"] for e in events]
 
 
 def test_partition_of_one_host_and_heal(cluster, reliability):
