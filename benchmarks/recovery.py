@@ -6,7 +6,11 @@ and the fourth is the one that joins.  Two modes, interleaved round by round
 (the first mode alternates), on the same hosts, model and horovodrun flags:
 
 * hvd-elastic -- ``TrainingState`` + ``ExactlyOnceSampler`` + ``@hvd_elastic.run``,
-  hosts from ``discovery/consul_hosts`` fed by node agents in the hosts;
+  hosts from ``discovery/consul_hosts`` fed by node agents in the hosts, on
+  HashiCorp Consul (a client agent in every host);
+* hvd-elastic/dev -- the same on the project's dev agent (``--consul consul,dev``,
+  the default, measures both in the same run; the bed holds one Consul at a
+  time, so each round builds the cluster once per Consul, in alternating order);
 * horovod     -- stock Horovod elastic (``TorchState`` + ``ElasticSampler`` +
   ``hvd.elastic.run``) with a plain host-file discovery script, the way
   Horovod's own tests drive membership.
@@ -54,7 +58,8 @@ from hvd_elastic.testbed.netns import unavailable_reason
 from hvd_elastic.training.events import EventLog
 
 EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition")
-MODES = ("hvd-elastic", "horovod")
+MODES = ("hvd-elastic", "hvd-elastic/dev", "horovod")
+CONSULS = {"consul": ("hvd-elastic", "horovod"), "dev": ("hvd-elastic/dev",)}  # the baseline needs no Consul
 JOINER = "hvdtb4"
 BASE_HOSTS = ("hvdtb1", "hvdtb2", "hvdtb3")
 GLOO_TIMEOUT = 15
@@ -67,6 +72,7 @@ class Round:
 
     def __init__(self, cluster: ElasticCluster, mode: str, out: Path):
         self.cluster, self.mode = cluster, mode
+        self.consul = mode != "horovod"
         self.hosts = list(BASE_HOSTS)
         if mode == "horovod":
             self.job = cluster.start_job(3, 2, 4, "--api", "horovod", out=out, host_file=self._lines(),
@@ -87,7 +93,7 @@ class Round:
 
     def measure(self, event: str) -> dict:
         """Inject ``event``, time it, undo it; the figures of this one sample."""
-        c, consul = self.cluster, self.mode == "hvd-elastic"
+        c, consul = self.cluster, self.consul
         time.sleep(1.0)  # a steady world before the event
         victim = JOINER if event == "join" else self.victim()
         old, new = (3, 4) if event == "join" else (3, 2)
@@ -124,7 +130,7 @@ class Round:
         return time.time()
 
     def _undo(self, event: str, victim: str, size: int) -> None:
-        c, consul = self.cluster, self.mode == "hvd-elastic"
+        c, consul = self.cluster, self.consul
         t = time.time()
         if event == "join":
             if consul:
@@ -165,16 +171,36 @@ class Round:
         self.cluster.stop(self.job, timeout=WAIT)
 
 
+def run_round(cluster: ElasticCluster, mode: str, out: Path, events: list[str], samples: dict, r: int) -> None:
+    """One job of ``mode`` through every event, its samples added to ``samples``."""
+    round_ = Round(cluster, mode, out)
+    try:
+        for event in events:
+            if event == "ttl" and mode == "horovod":
+                continue
+            sample = round_.measure(event)
+            samples[event][mode].append(sample)
+            print(f"round {r + 1} {mode:<15} {event:<10} {sample['seconds']:6.2f} s "
+                  f"rolled back {sample['rolled_back']}", flush=True)
+    finally:
+        round_.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="samples per event and mode (default %(default)s)")
     parser.add_argument("--events", default=",".join(EVENTS), help="comma-separated subset of " + ",".join(EVENTS))
+    parser.add_argument("--consul", default="consul,dev",
+                        help="comma-separated Consuls for hvd-elastic: consul (HashiCorp's), dev (default %(default)s)")
     parser.add_argument("--json", type=Path, default=RESULTS / "recovery.json")
     args = parser.parse_args(argv)
     events = args.events.split(",")
+    consuls = args.consul.split(",")
     bad = [e for e in events if e not in EVENTS]
     if bad or args.rounds < 1:
         parser.error(f"unknown event(s) {bad} (expected some of {', '.join(EVENTS)})" if bad else "--rounds must be >= 1")
+    if not consuls or any(c not in CONSULS for c in consuls):
+        parser.error(f"--consul {args.consul!r}: expected a comma-separated subset of {', '.join(CONSULS)}")
     reason = unavailable_reason()
     if reason:
         print(f"recovery: cannot run: {reason}", file=sys.stderr)
@@ -182,43 +208,42 @@ def main(argv: list[str] | None = None) -> int:
 
     load_at_start = os.getloadavg()
     samples: dict[str, dict[str, list[dict]]] = {e: {m: [] for m in MODES} for e in events}
-    with tempfile.TemporaryDirectory(prefix="hvd-elastic-recovery.") as tmp, \
-            ElasticCluster(Path(tmp), hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT) as cluster:
-        cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)])
-        cluster.agents[JOINER].stop()  # the joiner is not there at start
+    with tempfile.TemporaryDirectory(prefix="hvd-elastic-recovery.") as tmp:
         for r in range(args.rounds):
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                round_ = Round(cluster, mode, Path(tmp) / f"{mode}-{r}")
-                try:
-                    for event in events:
-                        if event == "ttl" and mode == "horovod":
-                            continue
-                        sample = round_.measure(event)
-                        samples[event][mode].append(sample)
-                        print(f"round {r + 1} {mode:<11} {event:<10} {sample['seconds']:6.2f} s "
-                              f"rolled back {sample['rolled_back']}", flush=True)
-                finally:
-                    round_.close()
+            for consul in (consuls if r % 2 == 0 else consuls[::-1]):
+                with ElasticCluster(Path(tmp) / f"{consul}-{r}", hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT,
+                                    consul=consul) as cluster:
+                    cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)])
+                    cluster.agents[JOINER].stop()  # the joiner is not there at start
+                    modes = CONSULS[consul]
+                    for mode in (modes if r % 2 == 0 else modes[::-1]):
+                        run_round(cluster, mode, Path(tmp) / f"{mode.replace('/', '-')}-{r}", events, samples, r)
 
-    rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "events": {}}
+    rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "consuls": consuls,
+                        "events": {}}
     for event in events:
-        ours = [s["seconds"] for s in samples[event]["hvd-elastic"]]
         base = [s["seconds"] for s in samples[event]["horovod"]]
-        entry = {"hvd-elastic": samples[event]["hvd-elastic"], "horovod": samples[event]["horovod"],
-                 "rolled_back_median": statistics.median(s["rolled_back"] for s in samples[event]["hvd-elastic"])}
-        phases = [s["phases"] for s in samples[event]["hvd-elastic"]]
+        ours_mode = "hvd-elastic" if samples[event]["hvd-elastic"] else "hvd-elastic/dev"
+        ours = [s["seconds"] for s in samples[event][ours_mode]]
+        entry = {**samples[event],
+                 "rolled_back_median": statistics.median(s["rolled_back"] for s in samples[event][ours_mode])}
+        phases = [s["phases"] for s in samples[event][ours_mode]]
         entry["phases_median_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
         report["events"][event] = entry
+        dev = [s["seconds"] for s in samples[event]["hvd-elastic/dev"]]
+        if dev and ours_mode == "hvd-elastic":
+            rows.append(Row(f"{event}: hvd-elastic, dev agent", spread(dev), baseline=f"hvd-elastic, Consul, {event}",
+                            ratio=paired_ratio(dev, ours)))
         if base:
             rows.append(Row(f"{event}: horovod + host file", spread(base)))
-            rows.append(Row(f"{event}: hvd-elastic", spread(ours), baseline=f"horovod + host file, {event}",
+            rows.append(Row(f"{event}: {ours_mode}", spread(ours), baseline=f"horovod + host file, {event}",
                             ratio=paired_ratio(ours, base)))
             if event == "join":
-                registered = [s["from_registration"] for s in samples[event]["hvd-elastic"]]
+                registered = [s["from_registration"] for s in samples[event][ours_mode]]
                 rows.append(Row("join from registration: hvd-elastic", spread(registered),
                                 baseline="horovod + host file, join", ratio=paired_ratio(registered, base)))
         else:
-            rows.append(Row(f"{event}: hvd-elastic (no baseline)", spread(ours)))
+            rows.append(Row(f"{event}: {ours_mode} (no baseline)", spread(ours)))
     report["rows"] = rows
     print()
     print(format_table(f"event -> first committed step at the new size, 4 netns hosts over ssh, gloo timeout "

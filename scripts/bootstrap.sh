@@ -14,6 +14,7 @@
 # Environment:
 #   HVD_ELASTIC_VENV         virtual environment path   (default: <repo>/.venv)
 #   HVD_ELASTIC_WHEEL_CACHE  Horovod wheel cache folder (default: ~/.cache/hvd-elastic/wheels)
+#   HVD_ELASTIC_CONSUL_CACHE HashiCorp Consul binary cache (default: ~/.cache/hvd-elastic/consul; scripts/fetch-consul.sh)
 #   PYTHON                   interpreter for the venv   (default: python3.11)
 #
 # `bootstrap.sh --print-digest` prints the digest a ready stamp must hold for

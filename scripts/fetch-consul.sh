@@ -13,7 +13,9 @@
 # why (no network, checksum mismatch, wrong version); DEST is then absent, and
 # the same line is left in DEST.unavailable for the tests to report.
 #
-# Environment: HVD_ELASTIC_CONSUL_CACHE (default ~/.cache/hvd-elastic/consul).
+# Environment: HVD_ELASTIC_CONSUL_CACHE (default ~/.cache/hvd-elastic/consul);
+# HVD_ELASTIC_CONSUL_DEB, a local copy of the package to use instead of apt (an
+# air-gapped machine), checked the same way.
 set -euo pipefail
 
 DEST=${1:?usage: fetch-consul.sh DEST}
@@ -33,7 +35,10 @@ fail() {
 
 is_wanted() { [[ -x $1 ]] && [[ $("$1" version 2>/dev/null | head -n1) == "$VERSION" ]]; }
 
-if ! is_wanted "$CACHE/consul"; then
+if ! is_wanted "$CACHE/consul" && [[ -n ${HVD_ELASTIC_CONSUL_DEB:-} ]]; then
+    [[ -f $HVD_ELASTIC_CONSUL_DEB ]] || fail "real Consul unavailable: HVD_ELASTIC_CONSUL_DEB=$HVD_ELASTIC_CONSUL_DEB is not a file"
+    cp "$HVD_ELASTIC_CONSUL_DEB" "$WORK/$PACKAGE"
+elif ! is_wanted "$CACHE/consul"; then
     [[ $(dpkg --print-architecture 2>/dev/null) == amd64 ]] ||
         fail "real Consul unavailable: the pinned package $PACKAGE is for amd64, this machine is $(dpkg --print-architecture 2>/dev/null || uname -m)"
     # The mirror of the system's first Debian source, but only the bullseye suite.
@@ -46,6 +51,8 @@ if ! is_wanted "$CACHE/consul"; then
          -o "Dir::State::Lists=$WORK/lists" -o "Dir::Cache=$WORK/cache" -o "APT::Sandbox::User=root")
     (cd "$WORK" && "${apt[@]}" update >"$WORK/apt.log" 2>&1 && "${apt[@]}" download "consul=1.8.7+dfsg1-2+b3" >>"$WORK/apt.log" 2>&1) ||
         fail "real Consul unavailable: apt could not download $PACKAGE from $uri (bullseye): $(grep -E '^(E|Err):' "$WORK/apt.log" | head -n1 || tail -n1 "$WORK/apt.log")"
+fi
+if [[ -f $WORK/$PACKAGE ]]; then
     got=$(sha256sum "$WORK/$PACKAGE" | cut -d' ' -f1)
     [[ $got == "$SHA256" ]] || fail "real Consul unavailable: $PACKAGE has sha256 $got, expected $SHA256"
     dpkg-deb -x "$WORK/$PACKAGE" "$WORK/root"
