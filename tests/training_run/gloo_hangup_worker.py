@@ -49,16 +49,26 @@ if hvd.rank() == 0:
     found = gloo_hangup.gloo_sockets()
     report["found"] = len(found)
     report["user_sockets_found"] = sorted(user_fds & set(found))
-    time.sleep(2)  # rank 1 is in its allreduce, waiting on this rank
+    # Hang up once rank 1 is in its allreduce, waiting on this rank (a bare sleep was too short under load).
+    deadline = time.monotonic() + PATIENCE
+    while not os.path.exists(os.path.join(out, "rank1.entering")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
     report["hung_up"] = len(gloo_hangup.hang_up())
-    user.sendall(b"still here")
-    client.sendall(b"and here")
-    report["user_connection_works"] = accepted.recv(16) == b"still here" and client_peer.recv(16) == b"and here"
+    try:  # whatever fails here is reported: an exception would leave Horovod's exit waiting on its peer
+        for sock in (accepted, client_peer):
+            sock.settimeout(10)
+        user.sendall(b"still here")
+        client.sendall(b"and here")
+        report["user_connection_works"] = accepted.recv(16) == b"still here" and client_peer.recv(16) == b"and here"
+    except OSError as exc:
+        report["user_connection_works"] = f"{type(exc).__name__}: {exc}"
     deadline = time.monotonic() + PATIENCE
     while not os.path.exists(os.path.join(out, "rank1.json")) and time.monotonic() < deadline:
         time.sleep(0.1)
 else:
     try:
+        open(os.path.join(out, "rank1.entering"), "w").close()
         hvd.allreduce(torch.ones(1), name="never-answered")
         report["error"] = None
     except Exception as exc:  # HorovodInternalError, whatever Horovod wraps it in
