@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import socket
 import time
+from collections.abc import Iterator
 
 _READ = 1 << 16
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
@@ -115,21 +116,16 @@ def _is_chunked(headers: dict[str, str]) -> bool:
 
 
 def _chunked_end(buf: bytearray, pos: int) -> bool:
-    """Whether ``buf[pos:]`` holds a whole chunked body, last chunk and trailer included (no copy made)."""
-    while True:
-        line_end = buf.find(b"\r\n", pos)
-        if line_end < 0:
-            return False
-        size_text = bytes(buf[pos:line_end]).split(b";", 1)[0].strip()
-        if not _HEX.fullmatch(size_text):
-            return True  # malformed: stop reading, _dechunk says what is wrong
-        size = int(size_text, 16)
-        if size == 0:
-            trailer = line_end + 2
-            return buf[trailer:trailer + 2] == b"\r\n" or buf.find(b"\r\n\r\n", trailer) >= 0
-        pos = line_end + 2 + size + 2
-        if pos > len(buf):
-            return False
+    """Whether ``buf[pos:]`` holds a whole chunked body, last chunk and trailer included."""
+    spans = _chunk_spans(buf, pos)
+    try:
+        while True:
+            next(spans)
+    except StopIteration as last:
+        trailer = last.value
+        return buf[trailer:trailer + 2] == b"\r\n" or buf.find(b"\r\n\r\n", trailer) >= 0
+    except BadAnswer as exc:
+        return not exc.truncated  # malformed: stop reading, _dechunk says what is wrong
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -155,20 +151,25 @@ def _content_length(headers: dict[str, str]) -> int | None:
     return int(text)
 
 
-def _dechunk(data: bytes) -> bytes:
-    out, pos = bytearray(), 0
+def _chunk_spans(data: bytes | bytearray, pos: int = 0) -> Iterator[tuple[int, int]]:
+    """(start, size) of each data chunk of the chunked body at ``data[pos:]``; returns the position after
+    the last (empty) chunk's size line.  Raises BadAnswer, ``truncated`` when the body is cut short."""
     while True:
         line_end = data.find(b"\r\n", pos)
         if line_end < 0:
             raise BadAnswer("chunked body cut short", truncated=True)
-        size_text = data[pos:line_end].split(b";", 1)[0].strip()
+        size_text = bytes(data[pos:line_end]).split(b";", 1)[0].strip()
         if not _HEX.fullmatch(size_text):
             raise BadAnswer(f"bad chunk size {size_text[:20]!r}")
         size = int(size_text, 16)
-        if size == 0:
-            return bytes(out)
         start = line_end + 2
+        if size == 0:
+            return start
         if len(data) < start + size + 2:
             raise BadAnswer("chunked body cut short", truncated=True)
-        out += data[start:start + size]
+        yield start, size
         pos = start + size + 2
+
+
+def _dechunk(data: bytes) -> bytes:
+    return b"".join(data[start:start + size] for start, size in _chunk_spans(data))

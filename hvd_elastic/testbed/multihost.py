@@ -88,17 +88,20 @@ class ElasticCluster:
     def __enter__(self) -> "ElasticCluster":
         self.bed.__enter__()
         try:
-            nodes = [LAUNCHER, *(f"{PREFIX}{i}" for i in range(1, self._initial + SPARE_HOSTS + 1))]
+            nodes = [LAUNCHER, *self.bed.hosts]
             if self.acl_token is not None:
                 token_file = self.workdir / "consul-token"
                 token_file.touch(mode=0o600)
                 token_file.write_text(self.acl_token)
                 self.consul_env = {"CONSUL_HTTP_TOKEN_FILE": str(token_file)}
             if self.consul_kind == "consul":
-                self.consul = ConsulCluster(nodes[: 1 + self._initial], acl_token=self.acl_token,
-                                            server_address=self.bed.bridge_address, placement=self._placement).start()
-            else:
-                self.consul = DevCluster(nodes=nodes, bind=self.bed.bridge_address, acl_token=self.acl_token).start()
+                # A host added later gets its agent then (start_agent), as a booting machine would.
+                self.consul = ConsulCluster(nodes, acl_token=self.acl_token, server_address=self.bed.bridge_address,
+                                            placement=self._placement).start()
+            else:  # the dev agent's nodes are fixed at start: spares for hosts added later
+                spares = [f"{PREFIX}{i}" for i in range(self._initial + 1, self._initial + SPARE_HOSTS + 1)]
+                self.consul = DevCluster(nodes=[*nodes, *spares], bind=self.bed.bridge_address,
+                                         acl_token=self.acl_token).start()
             for host in self.bed.hosts:
                 self.start_agent(host)
         except BaseException:

@@ -1,6 +1,6 @@
 """HashiCorp Consul for the tests: :class:`ConsulCluster` has :class:`~hvd_elastic.devagent.DevCluster`'s interface.
 
-So one fixture runs a suite against both (``cluster_factory(kind)``).  The binary is
+So one fixture runs a suite against both (:func:`consul_cluster`).  The binary is
 ``consul`` next to the venv's Python, put there by ``scripts/fetch-consul.sh``
 (from ``scripts/bootstrap.sh``): Consul 1.8.7, the oldest the project supports.
 
