@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,6 +37,7 @@ from hvd_elastic.consul import api, client
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
 
+from . import ports
 from .env import VENV_BIN
 
 #: Where bootstrap puts the binary; ``<CONSUL>.unavailable`` holds why it could not.
@@ -61,12 +61,6 @@ Placement = Callable[[str], "tuple[str, list[str]]"]
 
 def _loopback(node: str) -> tuple[str, list[str]]:
     return "127.0.0.1", []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Agent:
@@ -140,7 +134,7 @@ class ConsulCluster:
             raise RuntimeError("ConsulCluster already started")
         self._workdir = Path(tempfile.mkdtemp(prefix="hvd-elastic-consul-"))
         try:
-            self._server_serf = _free_port()
+            self._server_serf = ports.reserve()[0]
             for name in (SERVER, *self.nodes):
                 self._launch(name)
             deadline = time.monotonic() + timeout
@@ -215,20 +209,20 @@ class ConsulCluster:
         prefix: list[str] = []
         if not server:
             self._addresses[name], prefix = self._placement(name)
-        self._ports[name] = _free_port()
+        self._ports[name] = ports.reserve()[0]
         agent = _Agent(name, self._workdir, self._config(name, server=server), prefix)
         self._agents[name] = agent
         agent.start(*(["-dev"] if server else []))
 
     def _config(self, name: str, *, server: bool) -> dict:
         address = self._addresses[name]
-        ports = {"dns": -1, "grpc": -1, "serf_lan": self._server_serf if server else _free_port(), "http": -1, "https": -1}
+        listen = {"dns": -1, "grpc": -1, "serf_lan": self._server_serf if server else ports.reserve()[0], "http": -1, "https": -1}
         if server:  # a client agent dials the server port it learns by gossip (setting it to -1 crashes 1.8.7)
-            ports.update(serf_wan=_free_port(), server=_free_port())
-        ports["https" if self.tls else "http"] = self._ports[name]
+            listen["serf_wan"], listen["server"] = ports.reserve(2)
+        listen["https" if self.tls else "http"] = self._ports[name]
         config: dict = {"datacenter": self.datacenter, "primary_datacenter": self.datacenter,
                         "bind_addr": address, "advertise_addr": address, "client_addr": address,
-                        "ports": ports, "log_level": "warn", "disable_update_check": True,
+                        "ports": listen, "log_level": "warn", "disable_update_check": True,
                         "leave_on_terminate": False}  # a stopped node is a dead agent, not a graceful leave
         if not server:
             config["retry_join"] = [f"{self._addresses[SERVER]}:{self._server_serf}"]

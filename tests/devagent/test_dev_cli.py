@@ -12,35 +12,16 @@ import sys
 import pytest
 from devagent_helpers import Raw, wait_until
 
+from hvd_elastic.testbed import ports
+
 CLI = [sys.executable, "-m", "hvd_elastic.cli"]
 
 
 def _free_port_block(count: int) -> int:
-    """A base port whose next ``count`` ports are free right now.
-
-    Free only "right now": another process may take one before the agent binds
-    it, so a caller retries on the agent's "cannot listen" (port 0 cannot be
-    used where consecutive ports from a given base are what is tested).
-    """
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
+    """A base port whose next ``count`` ports are free now (another process may
+    still take one before the agent binds it, so a caller retries on the agent's
+    "cannot listen")."""
+    return ports.reserve(count, consecutive=True)[0]
 
 
 @pytest.fixture
