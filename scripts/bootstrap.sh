@@ -28,7 +28,7 @@ TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
 # Open MPI for Horovod's MPI controller and mpi4py; sshd for the multi-host test bed's hosts; openssl for
 # the TLS tests' certificates.
-APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl)
+APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl munge slurmctld slurmd slurm-client)
 WHEEL_CACHE=${HVD_ELASTIC_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-elastic/wheels}
 STAMP=$VENV/.hvd-elastic-ready
 LOG_DIR=$(mktemp -d -t hvd-elastic-bootstrap.XXXXXX)

@@ -23,7 +23,13 @@ Contract:
   (Vault Agent and the like) takes effect without a restart.
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
   and SIGINT).  Maintenance mode (``hvd-elastic drain``) is a separate check the
-  agent never touches, so a drained node stays drained while the agent runs.
+  agent never touches while it runs, so a drained node stays drained.
+* With ``leave_timeout`` > 0 a stop first drains the node (maintenance on) and
+  waits up to that long for the job's workers to leave it (:mod:`.leave`), so
+  that a node handed back (a Slurm allocation ending, a pod terminating) is
+  removed gracefully, without a rollback.  Deregistering at once would do the
+  same only if the workers outlived the deregistration by a reset, which
+  nothing guarantees.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from collections.abc import Sequence
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConfigError, ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.nodeagent.leave import wait_for_leave
 from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, Probe, ProbeResult, run_probes
 
 log = logging.getLogger("hvd_elastic.nodeagent")
@@ -89,8 +96,10 @@ OUTAGE_POLL_S = 0.1
 class NodeAgent:
     """Registers one service instance and reports probe results through its TTL check."""
 
-    def __init__(self, config: ConsulConfig, registration: Registration, probes: Sequence[Probe], interval: float):
+    def __init__(self, config: ConsulConfig, registration: Registration, probes: Sequence[Probe], interval: float,
+                 leave_timeout: float = 0.0):
         self.config = config
+        self.leave_timeout = leave_timeout
         self.registration = registration
         self.probes = list(probes)
         self.interval = interval
@@ -131,6 +140,23 @@ class NodeAgent:
         except (ConsulError, ConfigError) as exc:
             log.warning("could not deregister service id %r: %s", self.registration.service_id, exc)
 
+    def leave(self) -> list[int]:
+        """Drain this instance, then wait up to ``leave_timeout`` for the workers to go; the pids left behind."""
+        reg = self.registration
+        try:
+            api.set_maintenance(self.config, reg.service_id, True, "node agent stopping: waiting for the job to leave")
+        except (ConsulError, ConfigError) as exc:
+            log.warning("could not drain service id %r before leaving: %s", reg.service_id, exc)
+            return []  # discovery still lists the node: waiting would only delay the stop
+        log.info("drained service id %r; waiting up to %gs for the job to leave", reg.service_id, self.leave_timeout)
+        started = time.monotonic()
+        remaining = wait_for_leave(self.leave_timeout, on_wait=lambda pids: log.info("Horovod workers here: pids %s", pids))
+        if remaining:
+            log.warning("Horovod workers still running after %gs: pids %s", self.leave_timeout, remaining)
+        else:
+            log.info("the job has left this node (%.1fs after the drain)", time.monotonic() - started)
+        return remaining
+
     # -- the loop -----------------------------------------------------------
 
     def tick(self) -> ProbeResult:
@@ -150,11 +176,13 @@ class NodeAgent:
         return result
 
     def run(self, stop: threading.Event) -> None:
-        """Tick every ``interval`` seconds until ``stop`` is set, then deregister."""
+        """Tick every ``interval`` seconds until ``stop`` is set, then leave (if configured) and deregister."""
         try:
             self.tick()
             while not self._wait(stop):
                 self.tick()
+            if self.leave_timeout > 0 and self.registered:
+                self.leave()
         finally:
             self.close()
 

@@ -1,10 +1,13 @@
 """``hvd-elastic node-agent``: register this node in its local Consul agent and keep it honest.
 
 Runs beside the Consul agent on every training node (see
-``scripts/systemd/hvd-elastic-node-agent.service``).  Slots default to the
-GPUs ``nvidia-smi`` shows (limited by CUDA_VISIBLE_DEVICES), else
-``--cpu-slots``.  Exits 0 after deregistering on SIGTERM/SIGINT, 2 on bad
-input; Consul being unreachable is not fatal (it is retried and logged).
+``scripts/systemd/hvd-elastic-node-agent.service``), or as a Slurm worker job
+(``scripts/slurm/worker.sbatch``).  Slots default to the GPUs of the Slurm
+allocation (:mod:`.slurm`), else the GPUs ``nvidia-smi`` shows (limited by
+CUDA_VISIBLE_DEVICES), else ``--cpu-slots``.  On SIGTERM/SIGINT it drains the
+node and waits up to ``--leave-timeout`` for the job to leave, then
+deregisters and exits 0; 2 on bad input.  Consul being unreachable is not
+fatal (it is retried and logged).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hvd_elastic.options import (
     consul_config,
     env,
     env_list,
+    non_negative_float,
     positive_float,
     positive_int,
     stop_on_signals,
@@ -64,20 +68,23 @@ def meta_item(text: str) -> tuple[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_service_argument(parser)
-    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="service instance ID, unique on this agent (env HVD_ELASTIC_SERVICE_ID; default the service name)")
+    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="service instance ID, unique on this agent (env HVD_ELASTIC_SERVICE_ID; default the service name, <service>-slurm-<SLURM_JOB_ID> in a Slurm job)")
     parser.add_argument("--address", default=env("HVD_ELASTIC_ADDRESS"), help="service address (env HVD_ELASTIC_ADDRESS; default empty: Consul uses the node's address)")
     parser.add_argument("--port", type=positive_int, default=None, help="service port to advertise (optional)")
     parser.add_argument("--tag", action="append", dest="tags", default=None, help="service tag; repeat for several (env HVD_ELASTIC_TAGS, comma-separated)")
     parser.add_argument("--meta", action="append", type=meta_item, default=[], metavar="KEY=VALUE", help="extra Service.Meta entry; repeat for several")
-    parser.add_argument("--slots", type=positive_int, default=env("HVD_ELASTIC_SLOTS"), help="slots to advertise (env HVD_ELASTIC_SLOTS; default the GPUs detected, else --cpu-slots)")
+    parser.add_argument("--slots", type=positive_int, default=env("HVD_ELASTIC_SLOTS"), help="slots to advertise (env HVD_ELASTIC_SLOTS; default the Slurm job's GPUs on this node, else the GPUs detected, else --cpu-slots)")
     parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"), help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
     parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"), help="TTL of the health check in seconds: a node silent this long turns critical (env HVD_ELASTIC_TTL; default %(default)s)")
     parser.add_argument("--interval", type=positive_float, default=None, help="seconds between probes and TTL updates (default a third of --ttl)")
     parser.add_argument("--deregister-after", type=deregister_after, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"), help="Consul removes the service after it stayed critical this long (min 1m; default %(default)s)")
-    parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY", help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; default gpus,memory,disk)")
+    parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY", help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; default gpus,memory,disk, and slurm in a Slurm job)")
     parser.add_argument("--min-free-memory", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_MEMORY", "1G"), help="memory probe threshold (env HVD_ELASTIC_MIN_FREE_MEMORY; default %(default)s)")
     parser.add_argument("--min-free-disk", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_DISK", "1G"), help="disk probe threshold on --checkpoint-path (env HVD_ELASTIC_MIN_FREE_DISK; default %(default)s)")
     parser.add_argument("--checkpoint-path", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."), help="where checkpoints are written; the disk probe watches it (env HVD_ELASTIC_CHECKPOINT_DIR; default the working directory)")
+    parser.add_argument("--leave-timeout", type=non_negative_float, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"), metavar="SECONDS",
+                        help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it before deregistering "
+                             "(env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at once); keep it below the time to SIGKILL")
     add_consul_arguments(parser)
 
 
@@ -88,10 +95,13 @@ def build_agent(args: argparse.Namespace):
     from hvd_elastic.nodeagent.agent import NodeAgent, Registration
     from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
 
+    from hvd_elastic.nodeagent import slurm
+
     config = consul_config(args)
     config.ssl_context()  # unreadable TLS files: exit 2 now, not a warning every tick
+    job = slurm.allocation(os.environ)
     gpus = query_gpus()
-    slots = args.slots or gpus.count or args.cpu_slots
+    slots = args.slots or (job.gpus if job else None) or gpus.count or args.cpu_slots
     meta = {
         "slots": str(slots),
         "gpu_count": str(gpus.count),
@@ -102,6 +112,8 @@ def build_agent(args: argparse.Namespace):
     }
     if gpus.count:
         meta.update(gpu_model=gpus.model[:512], gpu_memory_mib=str(gpus.memory_mib))
+    if job:
+        meta.update(slurm_job_id=job.job_id, slurm_node=job.node_name)
     if "slots" in dict(args.meta):
         raise ValueError("--meta slots=... is not allowed: use --slots")
     meta.update(dict(args.meta))
@@ -110,12 +122,14 @@ def build_agent(args: argparse.Namespace):
         min_free_memory=args.min_free_memory,
         min_free_disk=args.min_free_disk,
         checkpoint_path=args.checkpoint_path,
+        slurm_node=job.node_name if job else "",
     )
-    specs = args.probes if args.probes is not None else (env_list("HVD_ELASTIC_PROBES") or ["gpus", "memory", "disk"])
+    default_probes = ["gpus", "memory", "disk", *(["slurm"] if job else [])]
+    specs = args.probes if args.probes is not None else (env_list("HVD_ELASTIC_PROBES") or default_probes)
     probes = [load_probe(spec, settings) for spec in specs]
     registration = Registration(
         service=args.service,
-        service_id=args.service_id or args.service,
+        service_id=args.service_id or (job.service_id(args.service) if job else args.service),
         meta=meta,
         ttl=args.ttl,
         deregister_after=args.deregister_after,
@@ -123,7 +137,7 @@ def build_agent(args: argparse.Namespace):
         port=args.port,
         tags=tuple(args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")),
     )
-    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3)
+    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3, leave_timeout=args.leave_timeout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ConfigError included: bad flags, environment or TLS files
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
-    with stop_on_signals(log, "deregistering and exiting") as stop:
+    action = "draining, waiting for the job to leave, deregistering" if args.leave_timeout else "deregistering and exiting"
+    with stop_on_signals(log, action) as stop:
         agent.run(stop)
     return 0

@@ -10,8 +10,15 @@ maintenance itself.
 
 It talks to the agent through :mod:`hvd_elastic.consul.api`, the stdlib client
 discovery uses (drain sits on the path from "node must leave" to "job trains
-without it", so it starts fast).  Exit codes: 0 done, 1 Consul failed or no
-such service on this agent, 2 bad input.
+without it", so it starts fast).
+
+``drain --wait SECONDS`` then waits until the job has left the node (no
+Horovod worker runs here any more, :mod:`.leave`): what a Slurm allocation or
+a Kubernetes ``preStop`` hook needs before it hands the node back.
+
+Exit codes: 0 done (and, with ``--wait``, the job has left), 1 Consul failed or
+no such service on this agent, 2 bad input, 3 workers still running when
+``--wait`` ran out.
 """
 
 from __future__ import annotations
@@ -19,11 +26,24 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
+import sys
 import time
 
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.options import CONSUL_FAILURES, add_consul_arguments, add_service_argument, consul_config, env, explain_failure
+from hvd_elastic.nodeagent.leave import wait_for_leave
+from hvd_elastic.options import (
+    CONSUL_FAILURES,
+    add_consul_arguments,
+    add_service_argument,
+    consul_config,
+    env,
+    explain_failure,
+    non_negative_float,
+)
+
+#: Exit code of ``drain --wait`` when workers still ran at its end.
+STILL_RUNNING = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="only this instance (env HVD_ELASTIC_SERVICE_ID; default every instance of --service on this agent)")
     if not parser.prog.endswith("undrain"):
         parser.add_argument("--reason", help="why, shown by `hvd-elastic status` and Consul (default: who drained it and when)")
+        parser.add_argument("--wait", type=non_negative_float, default=0.0, metavar="SECONDS",
+                            help="then wait up to SECONDS until no Horovod worker runs on this node (exit 3 if some still do; default 0: do not wait)")
     add_consul_arguments(parser)
 
 
@@ -74,4 +96,12 @@ def run(args: argparse.Namespace) -> int:
     state = f"in maintenance ({reason})" if enable else "out of maintenance"
     for sid in targets:
         print(f"{sid}: {state}")
+    if enable and args.wait > 0:
+        remaining = wait_for_leave(args.wait, on_wait=lambda pids: print(
+            f"waiting up to {args.wait:g}s for {len(pids)} Horovod worker(s) to leave: pids {' '.join(map(str, pids))}", flush=True))
+        if remaining:
+            print(f"drain: {len(remaining)} Horovod worker(s) still running after {args.wait:g}s: pids "
+                  f"{' '.join(map(str, remaining))}", file=sys.stderr)
+            return STILL_RUNNING
+        print("the job has left this node")
     return 0

@@ -7,7 +7,8 @@ result, so Consul -- and through it horovodrun -- stops using a node whose
 probe fails.
 
 Probes are pluggable: built-in ones are registered by name in :data:`PROBES`
-(``gpus``, ``memory``, ``disk``); ``--probe module:factory`` loads another one.
+(``gpus``, ``memory``, ``disk``; ``slurm`` in :mod:`.slurm`); ``--probe
+module:factory`` loads another one.
 A factory is called with the :class:`ProbeSettings` and returns a
 :class:`Probe`.  A probe that raises is reported as ``warning`` (its own
 failure says nothing certain about the node).
@@ -40,6 +41,7 @@ class ProbeSettings:
     min_free_memory: int = 0  # bytes
     min_free_disk: int = 0  # bytes
     checkpoint_path: str = "."
+    slurm_node: str = ""  # inside a Slurm allocation: this node's Slurm name
 
 
 class Probe(abc.ABC):

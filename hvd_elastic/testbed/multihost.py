@@ -64,13 +64,16 @@ class ElasticCluster:
         acl_token: turn Consul's ACLs on with this token, which every process the
             cluster starts reads from a file only its owner may read (``consul_env``).
         consul: "consul" (HashiCorp Consul agents, see the module docstring) or "dev".
+        node_agents: start a node agent on every host (False: something else registers
+            the hosts, e.g. Slurm worker jobs, :mod:`.slurm`).
     """
 
     def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
-                 acl_token: str | None = None, consul: str = "consul"):
+                 acl_token: str | None = None, consul: str = "consul", node_agents: bool = True):
         if consul not in ("consul", "dev"):
             raise ValueError(f"consul must be 'consul' or 'dev', got {consul!r}")
         self.consul_kind = consul
+        self.with_node_agents = node_agents
         self.workdir = Path(workdir)
         self.slots = slots
         self.ttl = ttl
@@ -102,7 +105,7 @@ class ElasticCluster:
                 spares = [f"{PREFIX}{i}" for i in range(self._initial + 1, self._initial + SPARE_HOSTS + 1)]
                 self.consul = DevCluster(nodes=[*nodes, *spares], bind=self.bed.bridge_address,
                                          acl_token=self.acl_token).start()
-            for host in self.bed.hosts:
+            for host in self.bed.hosts if self.with_node_agents else ():
                 self.start_agent(host)
         except BaseException:
             self.close()
@@ -131,15 +134,19 @@ class ElasticCluster:
         host = self.bed.launcher if node == LAUNCHER else self.bed.hosts[node]
         return host.address, host.enter()
 
-    def start_agent(self, host: str) -> Job:
-        """Start (or restart) the node agent of ``host`` inside its namespace (and its Consul agent, if it died)."""
-        if host in self.agents:
-            self.agents[host].kill()
+    def ensure_consul_agent(self, host: str) -> None:
+        """``host``'s Consul agent runs (started for a new host, restarted after it died)."""
         if isinstance(self.consul, ConsulCluster):
             if host not in self.consul.nodes:
                 self.consul.add_node(host)
             elif not self.consul.is_running(host):
                 self.consul.start_node(host)
+
+    def start_agent(self, host: str) -> Job:
+        """Start (or restart) the node agent of ``host`` inside its namespace (and its Consul agent, if it died)."""
+        if host in self.agents:
+            self.agents[host].kill()
+        self.ensure_consul_agent(host)
         interval = max(self.ttl / 4, 0.2)
         job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
                                      "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),
@@ -166,9 +173,12 @@ class ElasticCluster:
         self.hvd_elastic(host, "undrain")
 
     def add_host(self) -> str:
-        """A new host boots and its node agent registers it."""
+        """A new host boots (its Consul agent with it) and, with ``node_agents``, its node agent registers it."""
         host = self.bed.add_host().name
-        self.start_agent(host)
+        if self.with_node_agents:
+            self.start_agent(host)
+        else:
+            self.ensure_consul_agent(host)
         return host
 
     def discovered(self) -> list[str]:
@@ -203,15 +213,23 @@ class ElasticCluster:
             discovery = str(host_file_discovery(out / "hosts", host_file))
         else:
             discovery = f"{CONSUL_HOSTS} --http-addr {self.consul_addr()}"
-        cmd = horovodrun_elastic(discovery, np, min_np, max_np, "--network-interface", "eth0", *horovodrun_args,
-                                 VENV_BIN / "python", "-m", "hvd_elastic.testbed.worker", "--out", out, *worker_args)
-        env = self.bed.env(child_env(discovery_state=out / "discovery-state",
-                                     HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
-                                     **self.consul_env, **(env or {})))
-        job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=env, logdir=out, name="horovodrun",
+        cmd = horovodrun_elastic(discovery, np, min_np, max_np, *self.job_arguments(out, horovodrun_args, worker_args))
+        job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=self.job_env(out, env), logdir=out, name="horovodrun",
                           also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         self.jobs.append(job)
         return job.start()
+
+    @staticmethod
+    def job_arguments(out: Path, horovodrun_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> list[str]:
+        """horovodrun's arguments after its discovery and sizes: the bed's network, then the training worker."""
+        return ["--network-interface", "eth0", *horovodrun_args,
+                str(VENV_BIN / "python"), "-m", "hvd_elastic.testbed.worker", "--out", str(out), *worker_args]
+
+    def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a job's horovodrun (and so of every worker) writing into ``out``."""
+        return self.bed.env(child_env(discovery_state=out / "discovery-state",
+                                      HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
+                                      **self.consul_env, **(extra or {})))
 
     @staticmethod
     def progress(job: TrainingJob) -> list[dict]:

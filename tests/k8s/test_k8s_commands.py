@@ -1,0 +1,250 @@
+"""The commands and environment in scripts/k8s are ones our CLIs and horovodrun accept, wired as intended.
+
+Each container's environment is built as the kubelet builds it (:func:`k8s_manifests.render_env`,
+downward-API fields from :data:`FIELDS`), every ``hvd-elastic`` argument list in a container's
+command, a ``sh -c`` line or a lifecycle hook is parsed by ``hvd_elastic.cli``'s own parser under
+that environment (its ``HVD_ELASTIC_*`` defaults go through the same argument types), and run with
+``--help`` appended; horovodrun's arguments go through Horovod's own ``parse_args`` and must be
+options ``horovodrun --help`` lists.  Rules the API server or kubelet enforce that no JSON schema
+states are checked here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_elastic import cli
+from hvd_elastic.options import consul_config
+from k8s_manifests import IMAGE_BIN, REPO, Command, Pod, commands, pods, program, render_env, resources
+
+HVD_ELASTIC = Path(sys.executable).parent / "hvd-elastic"
+HOROVODRUN = Path(sys.executable).parent / "horovodrun"
+FIELDS = {"metadata.name": "hvd-worker-3", "metadata.namespace": "team-a", "status.hostIP": "10.0.7.21",
+          "status.podIP": "10.244.3.17", "spec.nodeName": "gpu-node-7"}
+ALL = [(pod, c, cmd) for pod in pods() for c in pod.containers()
+       for cmd in commands(pod, c, render_env(pod, c, FIELDS))]
+#: resourceFieldRef resources the API server accepts (k8s.io/kubernetes pkg/apis/core/validation:
+#: validContainerResourceFieldPathExpressions, plus the hugepages- prefixes); nvidia.com/gpu is not one.
+DOWNWARD_RESOURCES = {"limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory",
+                      "requests.ephemeral-storage"}
+#: Objects the user creates (README.md, "Kubernetes"), or the operator does (the MPIJob's ssh Secret).
+CREATED_BY_USER = {("Secret", "hvd-elastic-consul-token"), ("Secret", "hvd-elastic-ssh"),
+                   ("ConfigMap", "hvd-elastic-consul-ca")}
+
+
+def hvd_commands() -> list[tuple[Pod, dict, Command]]:
+    return [item for item in ALL if program(item[2].argv) == "hvd-elastic"]
+
+
+def ids(items) -> list[str]:
+    return [f"{cmd.where}: {' '.join(cmd.argv[1:3])}" for _, _, cmd in items]
+
+
+def dry_parse(argv: list[str], env: dict[str, str], monkeypatch) -> argparse.Namespace:
+    """``hvd_elastic.cli``'s parser on ``argv[1:]`` with exactly ``env`` as the environment (defaults read it)."""
+    for name in list(os.environ):
+        if name.startswith(("CONSUL_", "HVD_ELASTIC_")):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    sub = cli._subcommand(argv[1:])
+    try:
+        return cli.build_parser(only=sub).parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"hvd-elastic refused {argv[1:]} (exit {exc.code})")
+
+
+def test_the_manifests_run_hvd_elastic_in_every_role():
+    roles = {(cmd.argv[1], cmd.hook) for _, _, cmd in hvd_commands()}
+    assert roles == {("node-agent", False), ("drain", True), ("undrain", False)}, roles
+    assert all(cmd.argv[0] == f"{IMAGE_BIN}/hvd-elastic" for _, _, cmd in hvd_commands())
+
+
+@pytest.mark.parametrize("pod, container, cmd", hvd_commands(), ids=ids(hvd_commands()))
+def test_hvd_elastic_commands_parse_with_the_pods_environment(pod, container, cmd, monkeypatch, tmp_path):
+    assert not cmd.hook or "$(" not in " ".join(cmd.argv), f"{cmd.where}: Kubernetes does not expand $(VAR) in hooks"
+    env = render_env(pod, container, FIELDS)
+    assert env["CONSUL_HTTP_TOKEN_FILE"] == "/etc/hvd-elastic/consul-token/token" and "CONSUL_HTTP_TOKEN" not in env
+    token = tmp_path / "token"  # the Secret's file, as mounted (mode 0400)
+    token.write_text("s3cret-token\n")
+    token.chmod(0o400)
+    args = dry_parse(cmd.argv, {**env, "CONSUL_HTTP_TOKEN_FILE": str(token)}, monkeypatch)
+    config = consul_config(args)
+    # The Consul client agent of the pod's own node (the Helm chart's DaemonSet), with the token from its file.
+    assert config.base_url == "http://10.0.7.21:8500" and config.token == "s3cret-token"
+    assert args.token is None and args.service == "horovod"
+    # One instance per pod: a drain or undrain never touches the other pods on the node's agent.
+    assert args.service_id == "hvd-worker-3"
+    if args.command == "drain":
+        assert args.wait == 270 and args.reason
+        grace = pod.spec["terminationGracePeriodSeconds"]
+        assert grace >= args.wait + 20, f"{pod.where}: grace {grace}s leaves the worker and the sidecar no time to stop"
+    if args.command == "node-agent":
+        assert args.slots == int(pod.metadata["annotations"]["hvd-elastic/slots"])
+        assert args.probes is None and env["HVD_ELASTIC_PROBES"] == "memory,disk"
+        assert args.checkpoint_path == "/checkpoints" and args.leave_timeout == 0
+        expected = "10.244.3.17" if "MPIJob" in pod.where else "hvd-worker-3.hvd-worker.team-a.svc"
+        assert args.address == expected
+
+
+@pytest.mark.parametrize("pod, container, cmd", hvd_commands(), ids=ids(hvd_commands()))
+def test_hvd_elastic_commands_with_help_appended_exit_0(pod, container, cmd):
+    result = subprocess.run([str(HVD_ELASTIC), *cmd.argv[1:], "--help"], capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if not k.startswith(("CONSUL_", "HVD_ELASTIC_"))})
+    assert result.returncode == 0, result.stderr
+    assert f"usage: hvd-elastic {cmd.argv[1]}" in result.stdout
+
+
+def launchers() -> list[tuple[Pod, dict, Command]]:
+    return [item for item in ALL if program(item[2].argv) == "horovodrun"]
+
+
+@pytest.fixture(scope="module")
+def horovodrun_help() -> str:
+    return subprocess.run([str(HOROVODRUN), "--help"], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.parametrize("pod, container, cmd", launchers(), ids=ids(launchers()))
+def test_horovodrun_arguments_are_horovods(pod, container, cmd, horovodrun_help, monkeypatch):
+    from horovod.runner import launch
+
+    argv = cmd.argv
+    assert argv[0] == f"{IMAGE_BIN}/horovodrun"
+    flags = [arg for arg in argv[:argv.index("python")] if arg.startswith("-")]
+    for flag in flags:
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}[\s,=\]]", horovodrun_help, re.M), f"horovodrun --help has no {flag}"
+    monkeypatch.setattr(sys, "argv", ["horovodrun", *argv[1:]])
+    try:
+        args = launch.parse_args()
+    except SystemExit as exc:
+        pytest.fail(f"horovodrun refused {argv[1:]} (exit {exc.code})")
+    assert (args.num_proc, args.min_num_proc, args.max_num_proc) == (2, 1, 16)
+    assert args.host_discovery_script == f"{IMAGE_BIN}/consul_hosts"
+    assert args.command == ["python", "examples/train_elastic.py", "--workdir", "/checkpoints/run1"]
+    assert (REPO / "examples" / "train_elastic.py").exists() and container["workingDir"] == "/opt/hvd-elastic"
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    assert "discovery/consul_hosts" in setup["options"]["scripts"].split()  # installed next to horovodrun
+
+
+@pytest.mark.parametrize("pod, container, cmd", launchers(), ids=ids(launchers()))
+def test_discovery_under_the_launchers_environment(pod, container, cmd, monkeypatch, tmp_path):
+    env = render_env(pod, container, FIELDS)
+    (tmp_path / "token").write_text("")  # ACLs off: an empty token file
+    args = dry_parse([f"{IMAGE_BIN}/hvd-elastic", "discover"], {**env, "CONSUL_HTTP_TOKEN_FILE": str(tmp_path / "token")},
+                     monkeypatch)
+    assert args.host_name == "service-address"  # pods' addresses, not the Kubernetes node names
+    assert consul_config(args).base_url == "http://10.0.7.21:8500"
+    # horovodrun copies its whole environment onto the workers' ssh command lines: no secret in it.
+    assert "CONSUL_HTTP_TOKEN" not in env and not any(re.search(r"TOKEN$|SECRET|PASSWORD", k) for k in env
+                                                      if k != "CONSUL_HTTP_TOKEN_FILE")
+
+
+def test_no_secret_reaches_any_environment_and_the_token_is_a_private_file():
+    for pod in pods():
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for container in pod.containers():
+            for var in container.get("env", []):
+                assert "secretKeyRef" not in var.get("valueFrom", {}), f"{pod.where}: {var['name']} from a Secret"
+                assert var["name"] != "CONSUL_HTTP_TOKEN"
+            env = render_env(pod, container, FIELDS)
+            if "CONSUL_HTTP_TOKEN_FILE" not in env:
+                continue
+            mount = next(m for m in container["volumeMounts"]
+                         if m["mountPath"] == os.path.dirname(env["CONSUL_HTTP_TOKEN_FILE"]))
+            secret = volumes[mount["name"]]["secret"]
+            assert secret["secretName"] == "hvd-elastic-consul-token" and secret["defaultMode"] == 0o400
+
+
+def test_downward_api_resources_are_ones_the_api_server_accepts():
+    for pod in pods():
+        for container in pod.containers():
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("resourceFieldRef")
+                assert ref is None or ref["resource"] in DOWNWARD_RESOURCES or ref["resource"].split(".")[1].startswith(
+                    "hugepages-"), f"{pod.where}: {container['name']}: {var['name']} from {ref}"
+
+
+def test_slots_equal_the_gpu_limit_everywhere():
+    for path, doc in resources():
+        if doc["kind"] == "MPIJob":
+            worker = doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+            assert doc["spec"]["slotsPerWorker"] == int(worker["metadata"]["annotations"]["hvd-elastic/slots"])
+    workers = [pod for pod in pods() if any(c["name"] == "node-agent" for c in pod.containers())]
+    assert len(workers) == 2
+    for pod in workers:
+        gpus = pod.container("worker")["resources"]["limits"]["nvidia.com/gpu"]
+        assert str(gpus) == pod.metadata["annotations"]["hvd-elastic/slots"], pod.where
+        assert render_env(pod, pod.container("node-agent"), FIELDS)["HVD_ELASTIC_SLOTS"] == str(gpus)
+        # The node agent is a native sidecar (stopped after the worker container) behind the stale-drain lift.
+        names = [(c["name"], c.get("restartPolicy")) for c in pod.spec["initContainers"]]
+        assert names == [("lift-stale-drain", None), ("node-agent", "Always")], names
+        assert pod.spec["containers"][0]["name"] == "worker"  # the MPI operator mounts ssh keys in the first
+        assert "preStop" in pod.container("worker")["lifecycle"]
+
+
+def test_every_reference_resolves():
+    defined = {(doc["kind"], doc["metadata"]["name"]) for _, doc in resources()}
+    readme = (REPO / "README.md").read_text()
+    for name in sorted(n for _, n in CREATED_BY_USER):
+        assert name in readme, f"README.md does not say how to create {name}"
+    for pod in pods():
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for container in pod.containers():
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in volumes, f"{pod.where}: {container['name']} mounts unknown {mount['name']}"
+            for source in container.get("envFrom", []):
+                assert ("ConfigMap", source["configMapRef"]["name"]) in defined
+            assert container["image"] == "registry.example.com/hvd-elastic:0.1.0"
+        for volume in volumes.values():
+            if "secret" in volume:
+                ref = ("Secret", volume["secret"]["secretName"])
+            elif "configMap" in volume:
+                ref = ("ConfigMap", volume["configMap"]["name"])
+            elif "persistentVolumeClaim" in volume:
+                ref = ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+            else:
+                continue
+            assert ref in defined or ref in CREATED_BY_USER, f"{pod.where}: {ref} is neither shipped nor documented"
+            if "persistentVolumeClaim" in volume:
+                mounts = {m["mountPath"] for c in pod.containers() for m in c.get("volumeMounts", [])
+                          if m["name"] == volume_name(volumes, volume)}
+                assert mounts == {"/checkpoints"}, (pod.where, mounts)
+    (pvc,) = [doc for _, doc in resources() if doc["kind"] == "PersistentVolumeClaim"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    (sts,) = [doc for _, doc in resources() if doc["kind"] == "StatefulSet"]
+    (svc,) = [doc for _, doc in resources() if doc["kind"] == "Service"]
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"] and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    (hpa,) = [doc for _, doc in resources() if doc["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+
+
+def volume_name(volumes: dict, volume: dict) -> str:
+    return next(name for name, v in volumes.items() if v is volume)
+
+
+def test_readmes_secret_commands_make_what_the_pods_mount():
+    """``kubectl create secret ... --from-file=KEY=...`` in README.md gives the keys the manifests read."""
+    readme = (REPO / "README.md").read_text()
+    made: dict[str, set[str]] = {}
+    for match in re.finditer(r"kubectl create (?:secret generic|configmap) (\S+)((?:\s+\\?\s*--from-file=[^\s=]+=\S+)+)",
+                             readme):
+        made[match.group(1)] = set(re.findall(r"--from-file=([^\s=]+)=", match.group(2)))
+    assert made == {"hvd-elastic-consul-token": {"token"}, "hvd-elastic-consul-ca": {"ca.crt"},
+                    "hvd-elastic-ssh": {"id_ed25519", "id_ed25519.pub", "authorized_keys"}}, made
+    env = render_env(LAUNCHER_POD, LAUNCHER_POD.containers()[0], FIELDS)
+    assert os.path.basename(env["CONSUL_HTTP_TOKEN_FILE"]) == "token"
+    assert os.path.basename(env["CONSUL_CACERT"]) == "ca.crt"
+
+
+LAUNCHER_POD = next(pod for pod in pods() if pod.where.startswith("statefulset/launcher-job.yaml"))
