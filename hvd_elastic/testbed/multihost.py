@@ -147,13 +147,15 @@ class ElasticCluster:
         if host in self.agents:
             self.agents[host].kill()
         self.ensure_consul_agent(host)
-        interval = max(self.ttl / 4, 0.2)
-        job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
-                                     "--http-addr", self.consul_addr(host), "--slots", str(self.slots), "--ttl", str(self.ttl),
-                                     "--interval", str(interval), "--probe", "memory", "--min-free-memory", "1K"]),
+        job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent", "--http-addr", self.consul_addr(host),
+                                     "--slots", str(self.slots), *self.node_agent_health_arguments()]),
                   env=child_env(**self.consul_env), logdir=self.workdir / "logs", name=f"node-agent.{host}")
         self.agents[host] = job.start()
         return job
+
+    def node_agent_health_arguments(self) -> list[str]:
+        """The bed's node-agent health settings: its TTL, four updates per TTL, memory probe only (1K free is enough)."""
+        return ["--ttl", str(self.ttl), "--interval", str(max(self.ttl / 4, 0.2)), "--probe", "memory", "--min-free-memory", "1K"]
 
     def stop_agent(self, host: str) -> None:
         """The node agent dies (SIGKILL): its TTL check expires after ``ttl`` seconds."""

@@ -272,11 +272,8 @@ class SlurmCluster:
         env = elastic.job_env(self.workdir, {"CONSUL_HTTP_ADDR": elastic.consul_addr(host),
                                              "HVD_ELASTIC_LEAVE_TIMEOUT": f"{leave_timeout:g}", "HVD_ELASTIC_LOG_LEVEL": "INFO",
                                              "HVD_ELASTIC_BIN": str(VENV_BIN / "hvd-elastic")})
-        interval = max(elastic.ttl / 4, 0.2)
-        job = self.sbatch(SCRIPTS / "worker.sbatch", "--ttl", str(elastic.ttl), "--interval", str(interval),
-                          "--cpu-slots", str(elastic.slots), "--probe", "memory", "--min-free-memory", "1K", "--probe", "slurm",
-                          node=host, name=f"worker-{host}", env=env)
-        return job
+        return self.sbatch(SCRIPTS / "worker.sbatch", "--cpu-slots", str(elastic.slots), *elastic.node_agent_health_arguments(),
+                           "--probe", "slurm", node=host, name=f"worker-{host}", env=env)
 
     def submit_launcher(self, np: int, min_np: int, max_np: int, *worker_args: str, name: str = "job",
                         horovodrun_args: tuple[str, ...] = ()) -> SlurmJob:
