@@ -3,6 +3,14 @@
 Every check returns a :class:`Finding`.  A failed *required* check makes the
 command exit 1 and its line says how to fix it; optional checks (GPUs on a
 CPU-only node, say) only warn.
+
+``--hosts h1,h2`` adds one ``shared`` line per host: doctor writes a marker
+into ``--checkpoint-dir`` here (:mod:`hvd_elastic.training.shared_dir`) and
+reads it back on each host with ``ssh HOST cat -- MARKER`` (BatchMode, as
+horovodrun reaches its hosts), then removes it.  A host that does not see it
+fails: after a whole-job restart rank 0 may run there and would start over
+from nothing.  Host names are validated (:func:`hvd_elastic.options.host_list`)
+before any reaches ssh; a bad one is a one-line error naming it, exit 2.
 """
 
 from __future__ import annotations
@@ -11,16 +19,19 @@ import argparse
 import dataclasses
 import importlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConfigError, ConsulConfig, token_file_exposure
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import token_guard
-from hvd_elastic.options import argument_type
+from hvd_elastic.options import argument_type, host_list
+from hvd_elastic.training import shared_dir
 
 BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
 
@@ -172,6 +183,51 @@ def check_disk(args: argparse.Namespace) -> Finding:
                    "free space or choose another --checkpoint-dir")
 
 
+SSH_CONNECT_TIMEOUT = 10  # seconds; ssh's own limit on reaching a host
+SSH_TIMEOUT = 30  # seconds for the whole remote read
+SHARED_FIX = (f"mount the same shared file system at --checkpoint-dir on every host, or, if it is local on "
+              f"purpose, set {shared_dir.LOCAL_ENV}=1 for the job")
+
+
+def check_shared_dir(args: argparse.Namespace) -> list[Finding]:
+    """One ``shared`` finding per host of ``--hosts``: does it see the marker written here (none without --hosts)."""
+    if not args.hosts:
+        return []
+    directory = os.path.abspath(args.checkpoint_dir)
+    try:
+        marker = shared_dir.write_marker(directory)
+    except OSError as exc:
+        return [Finding("shared", False, f"cannot write a marker into {directory} ({exc.strerror or exc})",
+                        "create the directory, writable by the job's user, or choose another --checkpoint-dir")]
+    try:
+        with ThreadPoolExecutor(max_workers=min(16, len(args.hosts))) as pool:
+            return list(pool.map(lambda host: _probe_marker(host, directory, marker), args.hosts))
+    finally:
+        marker.remove()
+
+
+def _probe_marker(host: str, directory: str, marker: shared_dir.Marker) -> Finding:
+    # host passed host_list's validation; the path is quoted for the remote shell ssh hands it to.
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}", "--", host,
+           f"cat -- {shlex.quote(str(marker.path))}"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SSH_TIMEOUT, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return Finding("shared", False, f"{host}: no ssh client here", "apt-get install openssh-client")
+    except subprocess.TimeoutExpired:
+        return Finding("shared", False, f"{host}: ssh did not answer within {SSH_TIMEOUT} s",
+                       "check that this host reaches it with ssh, as horovodrun must")
+    said = " ".join(out.stderr.split())[-300:]
+    if out.returncode == 255:  # ssh's own failure, not the remote command's
+        return Finding("shared", False, f"{host}: ssh failed ({said or 'exit 255'})",
+                       "check that this host reaches it with ssh in BatchMode, as horovodrun must")
+    if out.returncode == 0 and out.stdout == marker.nonce:
+        return Finding("shared", True, f"{host} sees {directory}")
+    why = said or ("a different file under the marker's name" if out.returncode == 0 else f"exit {out.returncode}")
+    return Finding("shared", False, f"{host} does not see {directory}: the marker written here is not there ({why})",
+                   SHARED_FIX)
+
+
 CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
     check_python, check_torch, check_horovod, check_mpi, check_consul, check_token, check_gpus, check_disk,
 ]
@@ -186,17 +242,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-free-gib", type=_non_negative, default=1.0,
                         help="free disk required at --checkpoint-dir, in GiB (default %(default)s)")
     parser.add_argument("--require-gpu", action="store_true", help="fail, not warn, when no GPU is visible")
+    parser.add_argument("--hosts", type=host_list, metavar="H1,H2,...", default=[],
+                        help="also check over ssh that each of these hosts sees --checkpoint-dir "
+                             "(the same shared directory), one 'shared' line per host")
     parser.add_argument("--timeout", type=_non_negative, default=2.0,
                         help="seconds to wait for the Consul agent (default %(default)s)")
     parser.epilog = "Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE and the other CONSUL_HTTP_* variables."
 
 
 def run(args: argparse.Namespace) -> int:
-    findings = [check(args) for check in CHECKS]
+    findings = [check(args) for check in CHECKS] + check_shared_dir(args)
     for finding in findings:
         print(finding.line(), flush=True)
     failed = [f.name for f in findings if not f.ok and f.required]
     if failed:
-        print(f"doctor: {len(failed)} required check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        # One name per kind of check: --hosts makes a "shared" line per host.
+        print(f"doctor: {len(failed)} required check(s) failed: {', '.join(dict.fromkeys(failed))}", file=sys.stderr)
         return 1
     return 0

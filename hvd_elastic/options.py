@@ -63,6 +63,23 @@ non_negative_float = argument_type(float, lambda v: 0 <= v < float("inf"), "a nu
 boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
 
 
+def host_list(text: str) -> list[str]:
+    """An argparse ``type=``: comma-separated host names, each one a name ssh may be handed.
+
+    The same rule as discovery's (:func:`hvd_elastic.discovery.hosts.is_valid_host`:
+    an RFC 1123 name or a dotted IPv4 address); the first bad entry is named, never repaired.
+    """
+    from hvd_elastic.discovery.hosts import is_valid_host  # here: discovery's fast path never parses a host list
+
+    hosts = [item.strip() for item in text.split(",")]
+    if not any(hosts):
+        raise argparse.ArgumentTypeError(f"{text!r} names no host")
+    for host in hosts:
+        if not is_valid_host(host):
+            raise argparse.ArgumentTypeError(f"{host!r} is not a host name (an RFC 1123 name or an IPv4 address)")
+    return list(dict.fromkeys(hosts))
+
+
 def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Consul connection (flags win over CONSUL_* variables)")
     group.add_argument("--http-addr", metavar="ADDR", help="agent address, host:port or http[s]://host:port (env CONSUL_HTTP_ADDR; default 127.0.0.1:8500)")
@@ -154,6 +171,7 @@ __all__ = [
     "env",
     "env_list",
     "explain_failure",
+    "host_list",
     "non_negative_float",
     "one_line_errors",
     "positive_float",

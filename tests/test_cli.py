@@ -130,3 +130,41 @@ def test_doctor_passes_against_a_consul_agent(tmp_path):
     assert lines["consul"].startswith("ok") and "leader" in lines["consul"]
     # No GPU is only a warning unless --require-gpu.
     assert lines["gpus"].split()[0] in ("ok", "warn")
+
+
+@pytest.mark.parametrize("hosts, bad", [("gpu-a,-oProxyCommand=sh", "-oProxyCommand=sh"), ("gpu-a,b c", "b c"),
+                                        ("gpu-a,,gpu-b", ""), ("root@gpu-a", "root@gpu-a"), ("10.0.0.256", "10.0.0.256")])
+def test_doctor_refuses_a_bad_host_name_before_any_ssh(hosts, bad, tmp_path):
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--hosts", hosts)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == (f"hvd-elastic doctor: error: argument --hosts: {bad!r} is not a host name "
+                          f"(an RFC 1123 name or an IPv4 address)\n")
+
+
+def test_doctor_reads_the_marker_on_each_host_over_ssh(tmp_path):
+    """A stand-in ssh first on PATH: for host ``shared`` it runs the remote command here (a host that mounts
+    the same directory), for ``down`` it fails as ssh does (255).  The netns bed runs real ssh."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "ssh-calls"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(
+        "#!/bin/sh\n"
+        f"printf '%s\\n' \"$*\" >> '{calls}'\n"
+        'while [ "$1" != "--" ]; do shift; done; shift\n'
+        'host=$1; shift\n'
+        'case "$host" in\n'
+        '  shared) exec sh -c "$*" ;;\n'
+        '  *) echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;\n'
+        'esac\n')
+    (bin_dir / "ssh").chmod(0o755)
+    ckpt = tmp_path / "ckpt dir"  # a space: the remote path must be quoted
+    ckpt.mkdir()
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(ckpt), "--hosts", "shared,down", "--min-free-gib", "0",
+                      env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                           "CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
+    shared = [line for line in out.stdout.splitlines() if line.split()[1] == "shared"]
+    assert shared[0] == f"ok    shared     shared sees {ckpt}"
+    assert shared[1].startswith("FAIL  shared     down: ssh failed (ssh: connect to host down port 22: Connection refused)")
+    assert len(shared) == 2 and out.returncode == 1
+    assert "shared" in out.stderr.split("failed: ")[1]
+    assert os.listdir(ckpt) == []  # the marker is gone
+    assert all(line.startswith("-o BatchMode=yes -o ConnectTimeout=10 -- ") for line in calls.read_text().splitlines())

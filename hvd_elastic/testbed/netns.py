@@ -15,7 +15,11 @@
   listens so that every host reaches it.
 
 The filesystem and the PID space are shared, so the project's ``.venv`` runs on
-every host and the bed sees (and signals) every host's processes.
+every host and the bed sees (and signals) every host's processes.  Each host's
+sshd (and so every ssh session and worker on it) also has a mount namespace of
+its own (``ip netns exec`` makes one, mounts do not propagate out of it), so
+:meth:`NetnsBed.host_local_dir` can give a path a different, host-local
+directory on each host, as node-local disks are.
 
 Faults are one call each: :meth:`NetnsBed.crash` (SIGKILL every process of a
 host but its sshd), :meth:`freeze`/:meth:`thaw` (SIGSTOP/SIGCONT: a hung host),
@@ -246,6 +250,18 @@ class NetnsBed:
 
     def run(self, host: str | Host, cmd: Iterable[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.on(host, cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def host_local_dir(self, host: str | Host, path: Path) -> None:
+        """Make ``path`` a directory of ``host``'s own: an empty tmpfs over it in the host's mount namespace.
+
+        What runs over ssh on ``host`` (its workers) sees the tmpfs; every other host, the
+        launcher's ssh-less commands (:meth:`run`, :meth:`on`) and this process see ``path``
+        as it is.  The mount goes with the host's namespace at teardown.
+        """
+        target = self._host(host)
+        Path(path).mkdir(parents=True, exist_ok=True)
+        _run("nsenter", f"--target={target.sshd.pid}", "--mount", "--", "mount", "-t", "tmpfs", "-o", "size=64m",
+             f"{PREFIX}-local", str(path))
 
     def processes(self, host: str | Host, match: str | None = None) -> list[psutil.Process]:
         """Live processes of ``host`` other than its sshd listener; ``match``: a substring of the command line."""

@@ -20,7 +20,8 @@ regression data set, committing after every step, and leaves evidence in ``DIR``
 * ``final-<rank>.json``: parameter and optimizer checksums, scheduler state, the
   optimizer states' step counts and (rank 0) the history and digests, when training ends.
 * ``events.jsonl`` and ``ckpt/``: the run decorator's event log and checkpoints
-  (``--api hvd_elastic`` only).
+  (``--api hvd_elastic`` only; ``--checkpoint-dir`` puts the checkpoints elsewhere,
+  such as a directory each host sees differently).
 
 While ``DIR/stall-checkpoints`` exists, checkpoint writes stall before they
 become durable, so a test can kill the job in the middle of one.
@@ -96,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="commits between checkpoints")
+    parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT/ckpt)")
     parser.add_argument("--broken-restore", action="store_true",
                         help="tests only: restore() leaves model, optimizer and scheduler as they are")
     return parser.parse_args(argv)
@@ -281,7 +283,8 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
                 epoch=0, step=0, history=[], digests=[])
     empty = ([], torch.zeros(0, 16), torch.zeros(0))
 
-    @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,
+    @hvd_elastic.run(checkpoint_dir=args.checkpoint_dir or os.path.join(args.out, "ckpt"),
+                     checkpoint_every_commits=args.checkpoint_every,
                      event_log=os.path.join(args.out, "events.jsonl"))
     def train(state):
         evidence.started()

@@ -14,6 +14,11 @@ agree, with one tiny allreduce, whether ANY of them needs the sync (a new
 process always does; after a failure everyone does).  That allreduce is the
 first collective of every world, on every rank, so it always matches.
 
+The caller may run its own collective step right before every sync
+(``before_sync``): the runner checks there that every rank sees the
+checkpoint directory (:mod:`.shared_dir`), so a process that joins is
+checked in the world it joins.
+
 A rank whose Horovod failed also hangs up its Gloo connections before the
 reset (:mod:`.gloo_hangup`), so a peer waiting on it fails now instead of
 after the Gloo timeout; and in the first world of two or more ranks it checks
@@ -21,6 +26,8 @@ that Gloo's loop is found at all (one warning per run if not).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -41,7 +48,7 @@ def _reset() -> None:
     hvd.init()
 
 
-def run_elastic(fn, state, *args, **kwargs):
+def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None, **kwargs):
     """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
 
     On ``HorovodInternalError`` this rank's Gloo connections are hung up, then
@@ -50,6 +57,9 @@ def run_elastic(fn, state, *args, **kwargs):
     and the state is kept.  Then Horovod is re-initialised (the new
     world's rendezvous), ``state.on_reset()`` runs, and the state is synced from
     rank 0 unless every rank of the new world agrees it may be skipped.
+    ``before_sync()`` runs on every rank right before each sync, in the same
+    world (so it may use collectives); an error it raises that is not
+    Horovod's ends the loop.
     """
     # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
     loop_check_due = gloo_hangup.enabled()
@@ -65,6 +75,8 @@ def run_elastic(fn, state, *args, **kwargs):
                     if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
                         gloo_hangup.check_found()
                 if sync:
+                    if before_sync is not None:
+                        before_sync()
                     state.sync()
                 return fn(state, *args, **kwargs)
             except HorovodInternalError:

@@ -14,10 +14,18 @@
 
 Each call of the decorated function:
 
-1. On rank 0, deletes leftovers of interrupted checkpoint writes and loads the newest
-   valid checkpoint into the state (``state.load_snapshot``), so a job that lost every
-   process resumes where its last durable checkpoint left it.  The other ranks receive
-   it through the state's sync, which runs before the function.
+1. Before every sync of the state (the first world, every world a process joins,
+   every world after a failure), checks that every rank sees the same
+   ``checkpoint_dir`` (:mod:`hvd_elastic.training.shared_dir`: rank 0 writes a
+   marker, every rank reads it back, the outcomes are allgathered), and raises
+   :class:`~hvd_elastic.training.shared_dir.SharedDirError` on every rank, naming the
+   hosts that do not see it, unless ``checkpoint_dir_shared=False`` or
+   ``HVD_ELASTIC_CHECKPOINT_LOCAL=1`` on rank 0 says the directory is local on purpose.
+   Then, at this process's first sync, rank 0 deletes leftovers of interrupted
+   checkpoint writes and loads the newest valid checkpoint into the state
+   (``state.load_snapshot``), so a job that lost every process resumes where its last
+   durable checkpoint left it.  The other ranks receive it through that sync, which
+   runs before the function.
 2. Listens to the state: every commit may start a background checkpoint write (rank 0
    only); commits, syncs and restores go to the event log.
 3. Under an elastic launch (``HOROVOD_ELASTIC=1``, set by ``horovodrun --min-np/--max-np
@@ -47,7 +55,7 @@ from typing import Any, Callable
 import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from hvd_elastic.training import forksafe
+from hvd_elastic.training import forksafe, shared_dir
 from hvd_elastic.training.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training.elastic_loop import run_elastic
@@ -75,6 +83,10 @@ class RunConfig:
         fresh_start_if_unreadable: when ``checkpoint_dir`` holds checkpoints and
             none of them loads, start from scratch instead of stopping with
             :class:`~hvd_elastic.training.checkpoint.UnreadableCheckpoints`.
+        checkpoint_dir_shared: every rank must see the same ``checkpoint_dir`` (a
+            shared file system), checked before every sync; False when it is local on
+            purpose (a single host; checkpoints copied elsewhere by other means), as
+            ``HVD_ELASTIC_CHECKPOINT_LOCAL=1`` does.  Rank 0's setting decides.
     """
 
     checkpoint_dir: str | os.PathLike | None = None
@@ -85,8 +97,11 @@ class RunConfig:
     event_log: str | os.PathLike | None = None
     log_commits: bool = True
     fresh_start_if_unreadable: bool = False
+    checkpoint_dir_shared: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint_dir_shared, bool):
+            raise ValueError(f"checkpoint_dir_shared must be True or False, got {self.checkpoint_dir_shared!r}")
         if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
             raise ValueError("checkpoint_every_commits/checkpoint_every_seconds need a checkpoint_dir")
         check_policy(self.checkpoint_every_commits, self.checkpoint_every_seconds, self.keep_last)
@@ -145,6 +160,9 @@ class _Session:
         self._host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
         self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
         self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
+        # Read once: a bad HVD_ELASTIC_CHECKPOINT_LOCAL is an error now, on every rank.
+        self._check_shared = shared_dir.enabled(config.checkpoint_dir_shared) if self.checkpoints else False
+        self._resumed = False  # this process's first sync loads the newest checkpoint (rank 0)
         # Only commits made during this call need a checkpoint at exit.
         self._last_checkpoint_commit = getattr(state, "commit_count", None)
         self._host_updates = HostUpdateResult.no_update
@@ -159,16 +177,19 @@ class _Session:
         if elastic:
             notification_manager.register_listener(self)
         try:
-            self._resume()
             add_listener = getattr(self.state, "add_listener", None)
             if add_listener is not None:  # Horovod's own states have none: resets are still logged
                 add_listener(self._on_state_event)
-            inner = functools.partial(self._call, fn)
+
+            def inner(state):  # the function's own arguments never meet run_elastic's keywords
+                return self._call(fn, state, *args, **kwargs)
+
             if elastic:
-                result = run_elastic(inner, self.state, *args, **kwargs)
+                result = run_elastic(inner, self.state, before_sync=self._before_sync)
             else:
+                self._before_sync()
                 self.state.sync()
-                result = inner(self.state, *args, **kwargs)
+                result = inner(self.state)
             self._finish()
             return result
         except BaseException as exc:
@@ -207,6 +228,17 @@ class _Session:
             self._pending_reset = {"reason": "internal_error", "message": describe_error(exc), "old_size": self._size,
                                    "interrupted_at": time.time()}
             raise
+
+    def _before_sync(self) -> None:
+        """Collective, on every rank before every sync: the directory check, then (first time) the resume."""
+        if self.checkpoints is None:
+            return
+        # Before the load: a rank 0 that sees another directory than the others must not resume from it.
+        shared_dir.verify(self.checkpoints.directory, enabled=self._check_shared)
+        if not self._resumed:
+            self._resumed = True
+            self._refresh_rank()
+            self._resume()
 
     def _resume(self) -> None:
         if self.checkpoints is None or self._rank != 0:

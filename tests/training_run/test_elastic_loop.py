@@ -113,3 +113,18 @@ def test_with_the_hang_up_off_the_loop_is_not_checked(world, monkeypatch, caplog
     calls = world["calls"]
     assert elastic_loop.run_elastic(failing(calls, []), RecordingState(calls)) == "done"
     assert caplog.records == []
+
+
+def test_before_sync_runs_right_before_every_sync_and_only_then(world, monkeypatch):
+    calls = world["calls"]
+    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: [])
+    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+    fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True)])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls), before_sync=lambda: calls.append("before_sync")) \
+        == "done"
+    assert calls == [
+        "sync_needed(True)", "before_sync", "sync", "fn",
+        "restore", "reset", "on_reset", "sync_needed(True)", "before_sync", "sync", "fn",
+        "reset", "on_reset", "sync_needed(False)", "fn",  # no sync, no check: nobody is new
+    ]

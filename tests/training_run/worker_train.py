@@ -10,6 +10,8 @@ Environment (all optional except OUT_DIR):
     OUT_DIR           rank 0 writes ``progress`` ({"step", "size"} after each step) and
                       ``result.json`` here; every worker writes ``worker-<host>-<local rank>.pid``
     CKPT_DIR          checkpoint directory            EVENT_LOG   event-log path
+                      ("{host}" in CKPT_DIR becomes HOROVOD_HOSTNAME: a directory per host,
+                      as node-local disks are, for the shared-directory check)
     CKPT_EVERY        checkpoint every N commits (5)  EPOCHS      epochs (3)
     STEP_SLEEP        seconds per step (0.05), so a test can kill the job mid-run
     SLOW_WRITES_FROM_STEP  from this step on, rank 0's checkpoint writes stall
@@ -81,7 +83,11 @@ def main() -> None:
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
                           epoch=0, step=0)
 
-    @hvd_elastic.run(checkpoint_dir=os.environ.get("CKPT_DIR"),
+    ckpt_dir = os.environ.get("CKPT_DIR")
+    if ckpt_dir:
+        ckpt_dir = ckpt_dir.replace("{host}", host)
+
+    @hvd_elastic.run(checkpoint_dir=ckpt_dir,
                      checkpoint_every_commits=int(os.environ.get("CKPT_EVERY", "5")) if os.environ.get("CKPT_DIR") else None,
                      keep_last=3, event_log=os.environ.get("EVENT_LOG"))
     def train(state):

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.slow
 
 WAIT = 240.0  # hang guards, not speed bounds
 EPOCHS = 3
-SAMPLES = 96  # 12 steps an epoch at 2 ranks x 4
+SAMPLES = 96
+STEPS_PER_EPOCH = 12  # at 2 ranks x 4 samples
 
 
 def boundary_job(out: Path, *worker_args: str) -> Job:
@@ -75,7 +76,7 @@ def test_a_failure_on_an_epochs_last_commit_resumes_at_the_next_epoch(tmp_path):
     events = EventLog.read(tmp_path / "events.jsonl")
     restores = [e for e in events if e["event"] == "restore"]
     assert restores, "the survivor never restored: the fault did not land in the epoch-end collective"
-    assert holders[0]["step"] == holders[1]["step"] == SAMPLES // 8
+    assert holders[0]["step"] == holders[1]["step"] == STEPS_PER_EPOCH
     assert "is exhausted" not in job.read_log()
 
 
@@ -84,9 +85,13 @@ def test_a_whole_job_restart_from_an_epochs_last_commit_resumes_at_the_next_epoc
     relaunched job resumes there, passes over epoch 1 without a batch, and trains epoch 2."""
     (tmp_path / "hold-epoch-1").touch()
     ckpt = CheckpointManager(tmp_path / "ckpt")
-    with boundary_job(tmp_path, "--checkpoint-every", "1") as job:
+    # One checkpoint, due exactly at epoch 1's last commit: an epoch is STEPS_PER_EPOCH batch
+    # commits and one at its end.  (Every commit due would let that one be skipped while the
+    # previous write is still in flight, and no commit follows during the hold.)
+    with boundary_job(tmp_path, "--checkpoint-every", str(2 * STEPS_PER_EPOCH + 1)) as job:
         job.start()
         step = held(job, tmp_path, 1)[0]["step"]
+        assert step == 2 * STEPS_PER_EPOCH
 
         def newest_step():
             manifests = ckpt.checkpoints()
