@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("hvd_elastic.nodeagent.drain", "put this node's service into maintenance (graceful leave)"),
     "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
     "status": ("hvd_elastic.discovery.status", "show the service's nodes, slots, health and what discovery prints"),
+    "standby": ("hvd_elastic.standby.server", "import torch and horovod once, then fork this host's workers fast"),
+    "exec": ("hvd_elastic.standby.launch", "run a worker command through this host's standby (horovodrun's command)"),
     "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
     "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
 }

@@ -3,7 +3,8 @@
 horovodrun may run ``hvd-elastic discover`` every second for a whole job, so
 that one word is routed to discovery's warm path (:mod:`hvd_elastic.discovery.fast`:
 the job's host cache, read before any flag is parsed) before the command line
-module and its argparse and logging are imported.  Everything else, and a
+module and its argparse and logging are imported; ``hvd-elastic exec`` (every
+worker start, :mod:`hvd_elastic.standby.launch`) goes straight to the launcher.  Everything else, and a
 discovery call the cache cannot answer, goes to :func:`hvd_elastic.cli.main`.
 """
 
@@ -20,6 +21,10 @@ def main() -> int:
         rec = fast.cached_answer(argv[1:])
         if rec is not None:
             return fast.emit(rec)
+    if argv[:1] == ["exec"]:  # every worker start: stdlib only, before argparse and logging
+        from hvd_elastic.standby import launch
+
+        return launch.main(argv[1:])
     from hvd_elastic.cli import main as cli_main
 
     return cli_main(argv)
