@@ -1,7 +1,8 @@
 """``hvd-elastic standby``: import the heavy modules once, then fork workers on request.
 
 One standby serves one job's workers on one host (its name, :mod:`.protocol`).
-It imports ``torch``, ``horovod.torch`` and ``--preload`` modules, then binds
+It imports ``torch`` (with ``torch._dynamo``, which an optimizer's first step
+would import), ``horovod.torch`` and ``--preload`` modules, then binds
 its socket: a socket that answers is a standby that is ready.  It never
 initialises CUDA or Horovod and runs no threads of its own, so a fork of it is
 a clean start (:mod:`.child` lists what the child drops).
@@ -47,7 +48,10 @@ from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
 
-BASE_MODULES = ("torch", "horovod.torch")
+# torch._dynamo too: torch.optim imports it lazily at an optimizer's first step
+# (about 800 modules, seconds), which a joining worker would otherwise pay while
+# the survivors wait for that step.
+BASE_MODULES = ("torch", "torch._dynamo", "horovod.torch")
 KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of an abandoned worker
 TICK = 0.5  # seconds: how often the loop looks at signals and deadlines
 
@@ -384,7 +388,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; default %(default)s)")
     parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD", "")),
                         metavar="MOD[,MOD...]",
-                        help="the job's heavy modules to import ahead, beside torch and horovod.torch "
+                        help="the job's heavy modules to import ahead, beside torch, torch._dynamo and horovod.torch "
                              "(env HVD_ELASTIC_STANDBY_PRELOAD)")
     parser.epilog = (f"The socket is {protocol.DIR_ENV}, else $XDG_RUNTIME_DIR/hvd-elastic, else /tmp/hvd-elastic-UID, "
                      "/standby-NAME.sock.  Workers start through it with: horovodrun ... hvd-elastic exec -- python train.py")

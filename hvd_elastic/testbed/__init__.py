@@ -16,6 +16,8 @@
 * :mod:`.multihost` -- :class:`ElasticCluster`: the bed plus the dev Consul agent,
   a node agent in every host and an elastic horovodrun over ssh (drain, TTL expiry,
   host added, Consul outage on top of the bed's faults).
+* :mod:`.standby` -- :class:`StandbyProcess`: a real ``hvd-elastic standby`` with its
+  own socket directory, and ``hvd-elastic exec`` commands through it.
 * :mod:`.worker` -- the training job those run (``python -m hvd_elastic.testbed.worker``),
   writing the ledger, progress and final checksums :mod:`.ledger` judges.
 

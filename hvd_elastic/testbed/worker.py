@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -69,7 +70,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import horovod.torch as hvd
 
-IMPORTED = time.time()  # interpreter up and torch + horovod imported: a joining worker's start-up ends here
+IMPORTED = time.time()  # torch + horovod imported; main() moves it past --import: a joining worker's start-up ends there
 
 
 class Indexed(Dataset):
@@ -98,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="commits between checkpoints")
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT/ckpt)")
+    parser.add_argument("--import", dest="imports", default="", metavar="MOD[,MOD...]",
+                        help="modules to import before hvd.init(), as a real script's heavy imports "
+                             "(the start-up a joining worker costs)")
     parser.add_argument("--broken-restore", action="store_true",
                         help="tests only: restore() leaves model, optimizer and scheduler as they are")
     return parser.parse_args(argv)
@@ -217,6 +221,10 @@ def step_loss(loss: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    global IMPORTED
+    for module in filter(None, args.imports.split(",")):
+        importlib.import_module(module)
+    IMPORTED = time.time()
     hvd.init()  # a joining worker's rendezvous with the survivors happens in here
     torch.set_num_threads(1)
     evidence = Evidence(args.out)

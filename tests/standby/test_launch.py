@@ -17,8 +17,8 @@ import pytest
 
 from hvd_elastic.standby import protocol
 from hvd_elastic.testbed import VENV_BIN
+from hvd_elastic.testbed.standby import StandbyProcess
 
-from conftest import StandbyProcess
 
 WAIT = 60.0  # hang guard for one worker
 PYTHON = str(VENV_BIN / "python")
