@@ -21,6 +21,7 @@ import sys
 
 from hvd_elastic.consul.config import ConfigError, ConsulConfig, parse_bool
 from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.standby import protocol
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's full path imports this module
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def argument_type(convert, accept, expected: str):
 positive_int = argument_type(int, lambda v: v > 0, "a positive integer")
 positive_float = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
 non_negative_float = argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
+standby_name = argument_type(str, protocol.valid_name, f"a standby name ({protocol.NAME_RULE})")
 boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
 
 
@@ -176,5 +178,6 @@ __all__ = [
     "one_line_errors",
     "positive_float",
     "positive_int",
+    "standby_name",
     "stop_on_signals",
 ]

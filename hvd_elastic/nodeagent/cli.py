@@ -30,6 +30,7 @@ from hvd_elastic.options import (
     non_negative_float,
     positive_float,
     positive_int,
+    standby_name,
     stop_on_signals,
 )
 
@@ -85,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leave-timeout", type=non_negative_float, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"), metavar="SECONDS",
                         help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it before deregistering "
                              "(env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at once); keep it below the time to SIGKILL")
+    parser.add_argument("--standby", type=standby_name, default=env("HVD_ELASTIC_STANDBY"), metavar="NAME",
+                        help="announce this node only once the job's warm standby NAME answers (hvd-elastic standby; "
+                             "env HVD_ELASTIC_STANDBY; default: announce at once)")
+    parser.add_argument("--standby-wait", type=non_negative_float, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
+                        metavar="SECONDS", help="the longest a node waits for its standby before joining without one "
+                                                "(env HVD_ELASTIC_STANDBY_WAIT; default %(default)s)")
     add_consul_arguments(parser)
 
 
@@ -95,7 +102,7 @@ def build_agent(args: argparse.Namespace):
     from hvd_elastic.nodeagent.agent import NodeAgent, Registration
     from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
 
-    from hvd_elastic.nodeagent import slurm
+    from hvd_elastic.nodeagent import slurm, standby  # noqa: F401 -- registers their probes
 
     config = consul_config(args)
     config.ssl_context()  # unreadable TLS files: exit 2 now, not a warning every tick
@@ -123,9 +130,13 @@ def build_agent(args: argparse.Namespace):
         min_free_disk=args.min_free_disk,
         checkpoint_path=args.checkpoint_path,
         slurm_node=job.node_name if job else "",
+        standby_name=args.standby or "",
+        standby_wait=args.standby_wait,
     )
     default_probes = ["gpus", "memory", "disk", *(["slurm"] if job else [])]
     specs = args.probes if args.probes is not None else (env_list("HVD_ELASTIC_PROBES") or default_probes)
+    if args.standby and "standby" not in specs:
+        specs = [*specs, "standby"]
     probes = [load_probe(spec, settings) for spec in specs]
     registration = Registration(
         service=args.service,

@@ -7,7 +7,8 @@ result, so Consul -- and through it horovodrun -- stops using a node whose
 probe fails.
 
 Probes are pluggable: built-in ones are registered by name in :data:`PROBES`
-(``gpus``, ``memory``, ``disk``; ``slurm`` in :mod:`.slurm`); ``--probe
+(``gpus``, ``memory``, ``disk``; ``slurm`` in :mod:`.slurm`, ``standby`` in
+:mod:`.standby`); ``--probe
 module:factory`` loads another one.
 A factory is called with the :class:`ProbeSettings` and returns a
 :class:`Probe`.  A probe that raises is reported as ``warning`` (its own
@@ -42,6 +43,8 @@ class ProbeSettings:
     min_free_disk: int = 0  # bytes
     checkpoint_path: str = "."
     slurm_node: str = ""  # inside a Slurm allocation: this node's Slurm name
+    standby_name: str = ""  # the job's warm standby on this node (:mod:`.standby`)
+    standby_wait: float = 120.0  # seconds the node waits for it before joining without
 
 
 class Probe(abc.ABC):

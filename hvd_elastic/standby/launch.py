@@ -71,7 +71,7 @@ def parse(argv: list[str]) -> tuple[str, list[str]]:
     if not args or args[0] != "--" or len(args) < 2:
         _usage_error("no command: put it after --")
     if not protocol.valid_name(name):
-        _usage_error(f"standby name {name!r} is not 1-64 letters, digits, '-', '_' or '.'")
+        _usage_error(f"standby name {name!r} is not {protocol.NAME_RULE}")
     return name, args[1:]
 
 

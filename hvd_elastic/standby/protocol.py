@@ -41,6 +41,9 @@ class ProtocolError(RuntimeError):
     """The other side sent something this side does not understand."""
 
 
+NAME_RULE = "1-64 letters, digits, '-', '_' or '.', not starting with '.' or '-'"
+
+
 def valid_name(name: str) -> bool:
     return 0 < len(name) <= 64 and all(c.isalnum() or c in "-_." for c in name) and name[0] not in ".-"
 
@@ -56,7 +59,7 @@ def socket_dir() -> Path:
 
 def socket_path(name: str) -> Path:
     if not valid_name(name):
-        raise ValueError(f"standby name {name!r} is not 1-64 letters, digits, '-', '_' or '.' (not starting with '.' or '-')")
+        raise ValueError(f"standby name {name!r} is not {NAME_RULE}")
     return socket_dir() / f"standby-{name}.sock"
 
 

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from hvd_elastic.options import env
+from hvd_elastic.options import env, standby_name
 from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
@@ -369,11 +369,6 @@ def _signal_group(pid: int, signum: int) -> None:
 
 # ------------------------------------------------------------------ CLI
 
-def _name(text: str) -> str:
-    if not protocol.valid_name(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a standby name (1-64 letters, digits, '-', '_', '.')")
-    return text
-
 
 def _modules(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
@@ -384,7 +379,7 @@ def _modules(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", type=_name, default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
+    parser.add_argument("--name", type=standby_name, default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
                         help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; default %(default)s)")
     parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD", "")),
                         metavar="MOD[,MOD...]",
