@@ -72,26 +72,32 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_each_change_has_its_cause_recovery_and_rollback(run_dir):
     timeline = build(read_run(run_dir))
-    rows = [(c.kind, c.cause["action"], c.old_size, c.new_size, round(c.recovery_s, 1), c.rolled_back)
-            for c in timeline.changes]
+    rows = [(c.kind, c.cause["action"], c.old_size, c.new_size, round(c.recovery_s, 1), c.rolled_back,
+             round(c.pause_s, 1)) for c in timeline.changes]
+    # pause: the last committed step before the interruption -> the first at the new size
     assert rows == [
-        ("removed", "drain", 2, 1, 1.3, 0),  # drain at 5.2, first step at size 1 at 6.5
-        ("added", "add", 1, 2, 3.0, 0),  # 11.5 -> 14.5
-        ("failure", "kill-worker", 2, 1, 2.9, 0),  # 19.6 -> 22.5; step 31 was never committed
-        ("restart", "restart", 1, 2, 4.4, 5),  # 27.6 -> 32.0; steps 36-40 redone from the checkpoint at 35
+        ("removed", "drain", 2, 1, 1.3, 0, 1.8),  # drain at 5.2, first step at size 1 at 6.5; last at 4.7
+        ("added", "add", 1, 2, 3.0, 0, 3.5),  # 11.5 -> 14.5; last step at 11.0
+        ("failure", "kill-worker", 2, 1, 2.9, 0, 3.5),  # 19.6 -> 22.5; step 31 was never committed
+        ("restart", "restart", 1, 2, 4.4, 5, 5.0),  # 27.6 -> 32.0; steps 36-40 redone from the checkpoint at 35
     ]
+    # Grey in the picture: gaps over 1 s and 5 median step intervals (2.5 s): all but the drain's
+    assert [(round(a - T0, 1), round(b - T0, 1)) for a, b in timeline.stalls] == [(11.0, 14.5), (19.0, 22.5), (27.0, 32.0)]
+    assert timeline.stalled_share == pytest.approx((12.0, 36.3))
     assert timeline.finished and timeline.first_size == 2 and timeline.idle_actions == []
     assert timeline.changes[2].detail == "HorovodInternalError: Timed out waiting 30000ms"
 
 
 def test_table_and_summary_text(run_dir):
     text = make_report(run_dir).text.splitlines()
-    assert text[1].split() == ["t", "(s)", "cause", "change", "size", "recovery", "rolled", "back", "detail"]
-    assert text[2].split() == ["0.0", "-", "launch", "-", "->", "2", "-", "-"]
-    assert text[3].split()[:8] == ["5.2", "drain", "127.0.0.1", "removed", "2", "->", "1", "1.3"]
-    assert text[6].split()[:10] == ["27.6", "restart", "restart", "1", "->", "2", "4.4", "s", "5", "steps"]
+    assert text[1].split() == ["t", "(s)", "cause", "change", "size", "recovery", "pause", "rolled", "back", "detail"]
+    assert text[2].split() == ["0.0", "-", "launch", "-", "->", "2", "-", "-", "-"]
+    assert text[3].split()[:10] == ["5.2", "drain", "127.0.0.1", "removed", "2", "->", "1", "1.3", "s", "1.8"]
+    assert text[6].split()[:12] == ["27.6", "restart", "restart", "1", "->", "2", "4.4", "s", "5.0", "s", "5", "steps"]
     assert text[7].startswith("4 membership changes, longest recovery 4.4 s, 5 committed steps rolled back in all; "
                               "training finished; last committed step 45 at world size 2")
+    assert text[8] == ("no step committed for 12.0 s of the 36.3 s from the first committed step to the last "
+                       "(33%: the picture's grey)")
 
 
 def test_without_actions_recovery_counts_from_the_notification(run_dir):

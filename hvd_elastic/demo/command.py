@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.discovery.hosts import is_valid_host
+from hvd_elastic.nodeagent.standby import standby_state
 from hvd_elastic.options import non_negative_float, positive_float, positive_int
 from hvd_elastic.testbed import (CONSUL_HOSTS, HVD_ELASTIC, Job, JobError, JsonLines, child_env, horovodrun_elastic,
                                  start_node_agent, wait_until)
@@ -54,6 +56,8 @@ START_HOSTS = ("localhost", "127.0.0.1")
 SERVICE = "horovod"
 MIN_NP = 1
 TRAIN_MODULE = "hvd_elastic.demo.train"
+# What the training module imports (torch, horovod and torch._dynamo are the standby's own).
+STANDBY_PRELOAD = "numpy,psutil,sklearn.datasets,hvd_elastic,hvd_elastic.testbed.worker,hvd_elastic.demo.digits"
 
 
 class DemoFailed(RuntimeError):
@@ -78,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="node agents' TTL check, seconds: how soon a silent node drops (default %(default)s)")
     parser.add_argument("--accuracy-tolerance", type=positive_float, default=0.03,
                         help="largest accepted gap between elastic and uninterrupted test accuracy (default %(default)s)")
+    parser.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
+                        help="start workers from a warm standby (hvd-elastic standby), so a join does not stop the "
+                             "survivors for the newcomer's imports; --no-standby starts them directly (default on)")
     parser.add_argument("--timeout", type=positive_float, default=180.0,
                         help="seconds each phase may take before the demo gives up (default %(default)s)")
 
@@ -162,14 +169,30 @@ class _Run:
         self.logs = workdir / "logs"
         self.env = {node: child_env(scrub=False, CONSUL_HTTP_ADDR=cluster.addr(node)) for node in cluster.nodes}
         self.agents: dict[str, Job] = {}
+        self.standby: Job | None = None
+        # One standby serves every simulated node: they are all this machine.
+        self.standby_name = f"demo-{os.getpid()}"
         self.job: Job | None = None
         self.launches = 0
         self.actions = workdir / "actions.jsonl"
 
+    def start_standby(self) -> None:
+        """``hvd-elastic standby`` with the training script's imports; returns once it answers."""
+        self.standby = self.cleanup.enter_context(Job(
+            [HVD_ELASTIC, "standby", "--name", self.standby_name, "--preload", STANDBY_PRELOAD],
+            env=child_env(scrub=False), logdir=self.logs, name="standby"))
+        self.standby.start()
+
+        def ready() -> bool:
+            return standby_state(self.standby_name) is None
+
+        self.standby.wait_until("the standby to answer", ready, self.args.timeout, 0.2)
+
     def start_agent(self, node: str) -> None:
+        gate = ["--standby", self.standby_name] if self.standby else []
         agent = start_node_agent("--service", SERVICE, "--slots", "1", "--ttl", str(self.args.ttl),
                                  "--checkpoint-path", str(self.workdir), "--min-free-disk", "64M",
-                                 "--min-free-memory", "64M", env=self.env[node], logdir=self.logs,
+                                 "--min-free-memory", "64M", *gate, env=self.env[node], logdir=self.logs,
                                  name=f"node-agent.{node}")
         self.agents[node] = self.cleanup.enter_context(agent)
         self.cleanup.callback(_stop_gracefully, agent)  # SIGTERM first, so it deregisters; the Job kills for sure
@@ -177,8 +200,9 @@ class _Run:
     def launch(self, np: int) -> None:
         """Start horovodrun (a new launch: a restart resumes from the checkpoint in the run directory)."""
         self.launches += 1
+        launcher = [HVD_ELASTIC, "exec", "--standby", self.standby_name, "--"] if self.standby else []
         cmd = [*horovodrun_elastic(CONSUL_HOSTS, np, MIN_NP, len(self.cluster.nodes)),
-               sys.executable, "-m", TRAIN_MODULE, "--out", self.workdir, "--epochs", self.args.epochs,
+               *launcher, sys.executable, "-m", TRAIN_MODULE, "--out", self.workdir, "--epochs", self.args.epochs,
                "--step-delay", self.args.step_delay, "--checkpoint-every", self.args.checkpoint_every]
         self.job = self.cleanup.enter_context(
             Job(cmd, env=dict(self.env[START_HOSTS[0]], HOROVOD_GLOO_TIMEOUT_SECONDS="30"), logdir=self.logs,
@@ -211,6 +235,7 @@ class _Run:
             psutil.Process(pid).kill()
         elif event.action == "restart":
             self.job.kill()
+            self._wait_forked_workers_gone()
             self.launch(event.size_after)
         return at
 
@@ -229,9 +254,19 @@ class _Run:
     def _is_our_worker(self, pid: int) -> bool:
         try:
             proc = psutil.Process(pid)
+            if self.standby is not None and proc.ppid() == self.standby.pid:
+                return True  # forked: its command line is the standby's
             return MARK_ENV in proc.environ() and TRAIN_MODULE in proc.cmdline() and str(self.workdir) in proc.cmdline()
         except psutil.Error:
             return False
+
+    def _wait_forked_workers_gone(self) -> None:
+        """After the job's processes were killed: its forked workers end too (their launchers' sockets closed)."""
+        if self.standby is None:
+            return
+        standby = psutil.Process(self.standby.pid)
+        self.standby.wait_until("the killed job's forked workers to end", lambda: not standby.children(),
+                                self.args.timeout, 0.1)
 
     def wait_size(self, size: int, since: float, steps: int, what: str) -> float:
         """Wait until ``steps`` steps were committed at world ``size`` after ``since``; the first one's time."""
@@ -270,6 +305,9 @@ def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str
             name="reference"))
         reference.start()
         console.say("reference: the same model trained uninterrupted by one process, in the background")
+        if args.standby:
+            demo.start_standby()
+            console.say(f"standby {demo.standby_name} ready: workers start forked from it, torch already imported")
         for node in START_HOSTS:
             demo.start_agent(node)
         _wait_discovered(demo.env[START_HOSTS[0]], [f"{h}:1" for h in START_HOSTS], timeout=60)

@@ -37,7 +37,7 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
                                            gridspec_kw={"height_ratios": [3, 2]})
     try:
         sizes = [(t - t0, s) for t, s in run.sizes()]
-        gaps = _gaps([t for t, _ in sizes])
+        gaps = [(a - t0, b - t0) for a, b in timeline.stalls]
         for ax in (ax_loss, ax_size):
             for i, (a, b) in enumerate(gaps):
                 ax.axvspan(a, b, color="0.92", zorder=0,
@@ -89,15 +89,6 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return path
-
-
-def _gaps(times: list[float]) -> list[tuple[float, float]]:
-    """Stretches without committed steps: intervals longer than 1 s and than 5 times the median step interval."""
-    deltas = sorted(b - a for a, b in zip(times, times[1:]))
-    if not deltas:
-        return []
-    limit = max(1.0, 5 * deltas[len(deltas) // 2])
-    return [(a, b) for a, b in zip(times, times[1:]) if b - a > limit]
 
 
 def _split(points: list[tuple[float, float]], gaps: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:

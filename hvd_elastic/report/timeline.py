@@ -34,6 +34,7 @@ class Change:
     cause: dict | None
     recovery_s: float | None
     rolled_back: int | None
+    pause_s: float | None = None  # the survivors' pause: last committed step before it -> first at the new size
 
 
 @dataclasses.dataclass
@@ -44,6 +45,16 @@ class Timeline:
     idle_actions: list[dict]  # actions no change was paired with
     last_step: dict | None  # the newest progress row
     finished: bool  # the last launch ran to its finish event
+    stalls: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # stretches without committed steps
+
+    @property
+    def stalled_share(self) -> tuple[float, float] | None:
+        """(seconds without committed steps, seconds from the first to the last committed step); None: no steps."""
+        if self.last_step is None or self.first_step_time is None:
+            return None
+        return sum(b - a for a, b in self.stalls), self.last_step["time"] - self.first_step_time
+
+    first_step_time: float | None = None
 
 
 def build(run: RunLog) -> Timeline:
@@ -68,11 +79,29 @@ def build(run: RunLog) -> Timeline:
             old_size=record.get("old_size") if record["event"] == "reset" else _size_before(sizes, boundary),
             detail=_detail(record, resumed), cause=cause,
             recovery_s=None if first_at_new is None else max(0.0, first_at_new - since),
-            rolled_back=_rolled_back(steps, boundary, record["time"])))
+            rolled_back=_rolled_back(steps, boundary, record["time"]),
+            pause_s=_pause(sizes, boundary, first_at_new)))
     return Timeline(
         start=min(times) if times else None, first_size=starts[0]["size"] if starts else None, changes=changes,
         idle_actions=[a for i, a in enumerate(actions) if i not in used], last_step=steps[-1] if steps else None,
-        finished=bool(run.events) and run.events[-1]["event"] == "finish")
+        finished=bool(run.events) and run.events[-1]["event"] == "finish",
+        stalls=stalls([t for t, _ in sizes]), first_step_time=sizes[0][0] if sizes else None)
+
+
+def stalls(times: list[float]) -> list[tuple[float, float]]:
+    """Stretches without committed steps in sorted step ``times``: gaps over 1 s and over 5 median step intervals."""
+    deltas = sorted(b - a for a, b in zip(times, times[1:]))
+    if not deltas:
+        return []
+    limit = max(1.0, 5 * deltas[len(deltas) // 2])
+    return [(a, b) for a, b in zip(times, times[1:]) if b - a > limit]
+
+
+def _pause(sizes: list[tuple[float, int]], boundary: float, first_at_new: float | None) -> float | None:
+    before = [t for t, _ in sizes if t <= boundary]
+    if not before or first_at_new is None:
+        return None
+    return max(0.0, first_at_new - before[-1])
 
 
 def _change_records(events: list[dict]):
@@ -133,18 +162,20 @@ def _rolled_back(steps: list[dict], boundary: float, resumed_at: float) -> int |
 def format_table(timeline: Timeline) -> str:
     """The timeline as a fixed-width text table, one row per change (relative times in seconds)."""
     t0 = timeline.start or 0.0
-    lines = [f"{'t (s)':>7}  {'cause':<26} {'change':<9} {'size':<7} {'recovery':>8} {'rolled back':>11}  detail"]
+    lines = [f"{'t (s)':>7}  {'cause':<26} {'change':<9} {'size':<7} {'recovery':>8} {'pause':>7} {'rolled back':>11}  detail"]
     if timeline.first_size is not None:
         lines.append(f"{0.0:>7.1f}  {'-':<26} {'launch':<9} {'- -> ' + str(timeline.first_size):<7} "
-                     f"{'-':>8} {'-':>11}")
+                     f"{'-':>8} {'-':>7} {'-':>11}")
     for c in timeline.changes:
         cause = f"{c.cause['action']} {c.cause.get('host') or ''}".strip() if c.cause else "-"
         at = c.cause["time"] if c.cause else c.time
         size = f"{'?' if c.old_size is None else c.old_size} -> {c.new_size}"
         recovery = "pending" if c.recovery_s is None else f"{c.recovery_s:.1f} s"
         rolled = "-" if c.rolled_back is None else f"{c.rolled_back} steps"
-        lines.append(f"{at - t0:>7.1f}  {cause:<26} {c.kind:<9} {size:<7} {recovery:>8} {rolled:>11}  {c.detail[:60]}")
+        pause = "-" if c.pause_s is None else f"{c.pause_s:.1f} s"
+        lines.append(f"{at - t0:>7.1f}  {cause:<26} {c.kind:<9} {size:<7} {recovery:>8} {pause:>7} {rolled:>11}  "
+                     f"{c.detail[:60]}")
     for a in timeline.idle_actions:
         lines.append(f"{a['time'] - t0:>7.1f}  {(a['action'] + ' ' + (a.get('host') or '')).strip():<26} "
-                     f"{'none':<9} {'':<7} {'-':>8} {'-':>11}  no membership change followed")
+                     f"{'none':<9} {'':<7} {'-':>8} {'-':>7} {'-':>11}  no membership change followed")
     return "\n".join(lines)

@@ -108,7 +108,10 @@ def _same_interpreter(path: str, standby_python: str) -> bool:
 
 def through_standby(name: str, command: list[str]) -> int:
     """Run ``command`` in a worker forked by the standby; its exit code (or this process dies of its signal)."""
-    path = protocol.socket_path(name)
+    try:
+        path = protocol.socket_path(name)
+    except ValueError as exc:
+        raise Fallback(str(exc)) from None
     try:
         sock, hello = protocol.connect(name, _timeout())
     except FileNotFoundError:

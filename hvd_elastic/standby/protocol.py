@@ -35,6 +35,7 @@ DIR_ENV = "HVD_ELASTIC_STANDBY_DIR"
 DEFAULT_NAME = "default"
 MAX_MESSAGE = 1 << 20  # an environment of a megabyte is already absurd
 STDIO_FDS = 3
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 
 
 class ProtocolError(RuntimeError):
@@ -60,7 +61,11 @@ def socket_dir() -> Path:
 def socket_path(name: str) -> Path:
     if not valid_name(name):
         raise ValueError(f"standby name {name!r} is not {NAME_RULE}")
-    return socket_dir() / f"standby-{name}.sock"
+    path = socket_dir() / f"standby-{name}.sock"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ValueError(f"standby socket path {path} is over the {MAX_SOCKET_PATH} bytes a Unix socket address "
+                         f"holds: set {DIR_ENV} to a shorter directory")
+    return path
 
 
 def fingerprint() -> str:

@@ -390,10 +390,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    standby = Standby(args.name, args.preload)
     try:
+        standby = Standby(args.name, args.preload)
         took = standby.prepare()
-    except (StandbyError, OSError) as exc:
+    except (StandbyError, OSError, ValueError) as exc:
         print(f"hvd-elastic standby: {exc}", file=sys.stderr)
         return 1
     log.info("standby %r ready at %s after %.1f s of imports (%s)", args.name, standby.path, took,

@@ -213,6 +213,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, (argv, out.stderr)
 
 
+def test_a_socket_directory_too_long_for_a_unix_socket_is_named(tmp_path):
+    long_dir = str(tmp_path / ("d" * 100))
+    env = {**os.environ, protocol.DIR_ENV: long_dir}
+    standby = subprocess.run([str(VENV_BIN / "hvd-elastic"), "standby"], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert standby.returncode == 1 and "over the 107 bytes a Unix socket address holds" in standby.stderr
+    launcher = subprocess.run([str(VENV_BIN / "hvd-elastic"), "exec", "--", "true"], capture_output=True, text=True,
+                              timeout=WAIT, env=env)
+    assert launcher.returncode == 0 and f"set {protocol.DIR_ENV} to a shorter directory; starting true directly" \
+        in launcher.stderr
+
+
 def test_a_command_that_cannot_run_is_exit_127(tmp_path):
     out = subprocess.run([str(VENV_BIN / "hvd-elastic"), "exec", "--", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=WAIT, env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
