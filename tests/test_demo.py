@@ -122,8 +122,11 @@ def test_demo_goes_through_every_event_and_every_check_holds(tmp_path):
 
     # The summary: one row per event with its recovery, the two checks, the files.
     for action in ("drain 127.0.0.1", "undrain 127.0.0.1", "add \\S+", "kill-worker \\S+", "ttl 127.0.0.1", "restart"):
-        row = re.compile(rf"^ *\d+\.\d  {action} +\w+ +\d -> \d +\d+\.\d s +\d+ steps", re.MULTILINE)
-        assert row.search(output), f"no summary row with a recovery time for {action}:\n{output[-4000:]}"
+        row = re.compile(rf"^ *\d+\.\d  {action} +\w+ +\d -> \d +\d+\.\d s +\d+\.\d s +\d+ steps", re.MULTILINE)
+        assert row.search(output), f"no summary row with a recovery time and pause for {action}:\n{output[-4000:]}"
+    assert re.search(r"^no step committed for \d+\.\d s of the \d+\.\d s .*\(\d+%: the picture's grey\)$", output,
+                     re.MULTILINE), output[-4000:]
+    assert re.search(r"standby demo-\d+ ready", output)  # the default: workers forked from a warm standby
     assert "exactly-once: OK" in output
     assert f"accuracy on {TEST_SAMPLES} held-out digits" in output and "): OK" in output
     # Checked again here, not only by the demo: every sample once per epoch, ranks identical.
