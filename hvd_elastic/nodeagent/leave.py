@@ -9,7 +9,10 @@ the job a rollback, which the drain was there to avoid.
 
 A Horovod worker is recognised by what horovodrun puts in its environment
 (:data:`WORKER_MARKERS`); ``ssh`` launches them outside any scheduler's
-process tracking, so the process table is the only place that knows.  Only
+process tracking, so the process table is the only place that knows.  A
+worker forked by a standby (:mod:`hvd_elastic.standby`) shows the standby's
+environment there, but its launcher, ``hvd-elastic exec``, carries horovodrun's
+and lives as long as the worker: it is counted in the worker's place.  Only
 processes in this process's network namespace count: that is the node as the
 job sees it (the address horovodrun reached over ssh), the same on a bare
 host and in a pod, and it keeps hosts that share one kernel's process table

@@ -12,6 +12,14 @@ What the child must not keep from the standby, and why:
   global generator, if imported, is reseeded here (each child would otherwise
   draw the same numbers).
 
+What stays the standby's, and who stands in for the worker there: the
+process's ``/proc/PID/cmdline`` and ``/proc/PID/environ`` (the kernel's copies
+from the standby's own start).  The launcher (``hvd-elastic exec``) is a real
+process with horovodrun's command line and environment that lives exactly as
+long as its worker, so what reads the process table
+(:func:`hvd_elastic.nodeagent.leave.local_workers`, ``drain --wait``) still
+finds the job on this node.
+
 What the standby must not have done for this to be safe: initialise CUDA or
 Horovod, or start threads of its own (:mod:`.server` only imports modules).
 Environment variables that preloaded modules read at import time are the

@@ -125,6 +125,9 @@ def through_standby(name: str, command: list[str]) -> int:
         if hello["hello"] != protocol.fingerprint():
             raise Fallback(f"standby {name!r} runs other code ({hello['hello']}, this launcher is "
                            f"{protocol.fingerprint()}): restart it")
+        if hello.get("netns") != protocol.network_namespace():
+            raise Fallback(f"standby {name!r} runs in another network namespace ({hello.get('netns')}): "
+                           f"its workers would not be on this host")
         request = python_request(command, str(hello.get("python", "")))
         sock.settimeout(FORK_TIMEOUT)
         try:

@@ -10,7 +10,9 @@ Stdlib only: the launcher imports this on every worker start.
   job's standby name (``HVD_ELASTIC_STANDBY``, default ``default``): two jobs on
   one node use two names and never reach each other's standby.
 * **Conversation.**  The standby speaks first: ``{"hello": FINGERPRINT,
-  "python": sys.executable}``.  The launcher, if that matches what it expects,
+  "python": sys.executable, "netns": NETWORK NAMESPACE, "pid": PID}``; a launcher in another
+  network namespace (a container or test-bed host that shares the socket's file
+  system) never uses it, since its worker would run on the wrong host.  The launcher, if that matches what it expects,
   sends ``{"run": {"argv", "env", "cwd", "unbuffered"}}`` with its stdin, stdout
   and stderr as SCM_RIGHTS.  The standby answers ``{"pid": N}`` once the worker
   is forked (or ``{"refused": why}``), and ``{"exit": CODE}`` or
@@ -66,6 +68,14 @@ def socket_path(name: str) -> Path:
         raise ValueError(f"standby socket path {path} is over the {MAX_SOCKET_PATH} bytes a Unix socket address "
                          f"holds: set {DIR_ENV} to a shorter directory")
     return path
+
+
+def network_namespace() -> str:
+    """This process's network namespace ("" where /proc does not say): a worker must run in the launcher's."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
 
 
 def fingerprint() -> str:

@@ -176,7 +176,8 @@ class Standby:
             return
         sock.setblocking(True)
         sock.settimeout(1.0)  # our answers are a few hundred bytes: never block the loop long
-        if not _send_quietly(sock, {"hello": self.fingerprint, "python": sys.executable, "pid": os.getpid()}):
+        if not _send_quietly(sock, {"hello": self.fingerprint, "python": sys.executable, "pid": os.getpid(),
+                                         "netns": protocol.network_namespace()}):
             sock.close()
             return
         self._launchers[sock.fileno()] = _Launcher(sock)

@@ -162,6 +162,27 @@ def test_another_launchers_code_is_refused_by_fingerprint(standby, tmp_path, mon
         launch.through_standby("t", [PYTHON, "-c", "1"])
 
 
+NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (ip netns, setuid)")
+
+
+@NEEDS_ROOT
+def test_a_standby_in_another_network_namespace_is_not_used(standby, tmp_path):
+    """Hosts that share a file system (containers, the test bed) must not fork each other's workers."""
+    path = script(tmp_path, REPORT)
+    netns = f"hvdtest{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True, timeout=WAIT)
+    try:
+        proc = subprocess.Popen(["ip", "netns", "exec", netns, str(VENV_BIN / "hvd-elastic"), "exec", "--standby", "t",
+                                 "--", PYTHON, str(path), "0"], env=standby.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        code, out, err = finish(proc)
+    finally:
+        subprocess.run(["ip", "netns", "delete", netns], timeout=WAIT)
+    assert code == 0 and not json.loads(out)["torch_loaded"], err
+    assert "standby 't' runs in another network namespace" in err
+
+
+@NEEDS_ROOT
 def test_a_connection_from_another_user_is_refused_by_peer_credentials(tmp_path):
     # Directory and socket open to everyone (on a path others can reach), so only the uid check stands between.
     public = Path(tempfile.mkdtemp(prefix="hvd-elastic-test-standby."))
