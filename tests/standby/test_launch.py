@@ -257,3 +257,17 @@ def test_a_missing_preload_module_stops_the_standby_with_exit_1(tmp_path):
                          capture_output=True, text=True, timeout=120, env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
     assert out.returncode == 1
     assert "cannot preload 'no_such_module_xyz': ModuleNotFoundError" in out.stderr
+
+
+def test_a_forked_worker_is_found_on_the_node_through_its_launcher(standby, tmp_path):
+    """drain --wait and node-agent --leave-timeout read the process table: the launcher stands for the worker."""
+    from hvd_elastic.nodeagent import leave
+
+    path = script(tmp_path, "import os, sys, time\nprint(os.getpid(), flush=True)\nsys.stdin.read()\n")
+    proc = standby.exec(PYTHON, str(path), env={"HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": "0"},
+                        stdin=subprocess.PIPE)
+    worker = int(proc.stdout.readline())
+    assert proc.pid in leave.local_workers() and worker not in leave.local_workers()
+    proc.stdin.close()  # the worker reads EOF and ends; so does its launcher
+    assert proc.wait(WAIT) == 0
+    assert proc.pid not in leave.local_workers()
