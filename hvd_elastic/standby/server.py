@@ -155,11 +155,13 @@ class Standby:
                 self._terminate(launcher)
 
     def _dispatch(self, obj) -> tuple[dict, list[int]] | None:
-        if obj is self._listener:
+        # A stop signal may close the listener between select() and here: what is no longer ours is skipped.
+        if isinstance(obj, int):
+            if obj in self._workers:
+                self._reap(obj)
+        elif self._listener is not None and obj is self._listener:
             self._accept()
-        elif isinstance(obj, int):
-            self._reap(obj)
-        else:
+        elif obj.fileno() in self._launchers:
             return self._read(self._launchers[obj.fileno()])
         return None
 
