@@ -4,7 +4,8 @@ Horovod stops every survivor while a newcomer starts, so a node whose standby
 (:mod:`hvd_elastic.standby`) is still importing torch should not be announced
 yet: the join would take the slow path and cost the survivors its whole
 start-up.  With ``node-agent --standby NAME`` this probe is critical ("not ready
-yet") until standby ``NAME`` answers with the code this node runs, and at most
+yet") until standby ``NAME`` answers as a launcher here could use it (this code, this
+network namespace: :func:`hvd_elastic.standby.protocol.unusable`), and at most
 ``--standby-wait`` seconds: a node whose standby never comes joins the slow way
 (one log line says so).  After that the probe only reports: a standby that dies
 later never takes a healthy node out of the job.
@@ -24,7 +25,7 @@ HELLO_TIMEOUT = 0.5  # seconds: a ready standby answers from its select loop at 
 
 
 def standby_state(name: str) -> str | None:
-    """None when standby ``name`` answers with this code's fingerprint; else why not (a few words)."""
+    """None when standby ``name`` answers and a launcher here could use it; else why not (a few words)."""
     try:
         sock, hello = protocol.connect(name, HELLO_TIMEOUT)
         sock.close()
@@ -32,11 +33,7 @@ def standby_state(name: str) -> str | None:
         return "not started"
     except (OSError, protocol.ProtocolError) as exc:
         return f"not answering ({getattr(exc, 'strerror', None) or exc or type(exc).__name__})"
-    if not hello or "hello" not in hello:
-        return f"refused: {(hello or {}).get('refused', 'closed at once')}"
-    if hello["hello"] != protocol.fingerprint():
-        return f"runs other code ({hello['hello']})"
-    return None
+    return protocol.unusable(hello)
 
 
 @register_probe("standby")

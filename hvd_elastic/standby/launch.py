@@ -119,15 +119,9 @@ def through_standby(name: str, command: list[str]) -> int:
     except (OSError, protocol.ProtocolError) as exc:  # refused, timed out, reset
         raise Fallback(f"standby {name!r} did not answer ({_describe(exc)})") from None
     try:
-        if hello is None or "hello" not in hello:
-            raise Fallback(f"standby {name!r} closed the connection without a hello"
-                           + (f": {hello.get('refused')}" if hello else ""))
-        if hello["hello"] != protocol.fingerprint():
-            raise Fallback(f"standby {name!r} runs other code ({hello['hello']}, this launcher is "
-                           f"{protocol.fingerprint()}): restart it")
-        if hello.get("netns") != protocol.network_namespace():
-            raise Fallback(f"standby {name!r} runs in another network namespace ({hello.get('netns')}): "
-                           f"its workers would not be on this host")
+        why = protocol.unusable(hello)
+        if why is not None:
+            raise Fallback(f"standby {name!r} {why}")
         request = python_request(command, str(hello.get("python", "")))
         sock.settimeout(FORK_TIMEOUT)
         try:

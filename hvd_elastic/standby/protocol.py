@@ -104,6 +104,20 @@ def connect(name: str, timeout: float) -> tuple[socket.socket, dict | None]:
     return sock, first
 
 
+def unusable(hello: dict | None) -> str | None:
+    """Why a standby that sent ``hello`` cannot fork this process's workers (None: it can).
+
+    The same question for the launcher (fall back) and the node agent's gate (not ready).
+    """
+    if hello is None or "hello" not in hello:
+        return "closed the connection without a hello" + (f": {hello.get('refused')}" if hello else "")
+    if hello["hello"] != fingerprint():
+        return f"runs other code ({hello['hello']}, this launcher is {fingerprint()}): restart it"
+    if hello.get("netns") != network_namespace():
+        return f"runs in another network namespace ({hello.get('netns')}): its workers would not be on this host"
+    return None
+
+
 def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
     data = json.dumps(message).encode()
     if len(data) > MAX_MESSAGE:
