@@ -73,7 +73,10 @@ def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Optio
     def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
         timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
         # A watcher lives as long as its job: follow a token file rotated meanwhile.
-        entries, headers = read_health(config.with_fresh_token(), query, passing=True, index=index, wait=wait,
+        # Every instance, not only passing ones: the reaper must tell a failed host from a drained one
+        # (lost.host_states); the cache still holds only the accepted ones.  Consul's index, and so how
+        # often a blocking read returns, is the same either way.
+        entries, headers = read_health(config.with_fresh_token(), query, passing=False, index=index, wait=wait,
                                        timeout=timeout, retry=False)
         answered = time.monotonic()
         raw_index = headers.get("x-consul-index", "")
@@ -158,6 +161,7 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         config = consul_config(args)
         options = cli.options_from_args(args)
+        reap_grace = _reap_grace() if args.job else None
     except ConfigError as exc:
         return cli.explain_failure("discover", args.service, exc)
     if not logging.getLogger().handlers:
@@ -167,4 +171,11 @@ def run_watch(args: argparse.Namespace) -> int:
     mode = 0o600 if args.job else 0o644
     fetch = watch_fetch(config, cli.health_query(args, options), options, args.watch_wait, args.timeout)
     return watch.run(args.cache_file, key, fetch, cli.FAILURES, job=args.job,
-                     max_age=cache_max_age(args), mode=mode)
+                     max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace)
+
+
+def _reap_grace() -> float | None:
+    """The reaper's grace for a job's watcher, None when ``HVD_ELASTIC_HEALTH_REAP`` turns it off."""
+    from hvd_elastic.discovery import lost, reaper
+
+    return lost.grace_from_env() if reaper.enabled() else None

@@ -37,7 +37,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hvd_elastic.discovery import cache, jobdir
 from hvd_elastic.discovery import hosts as hostlib
@@ -122,8 +122,14 @@ class Publisher:
                 pass
 
 
-def follow(fetch: Fetch, publisher: Publisher, stop: threading.Event, failures: tuple[type[BaseException], ...]) -> None:
-    """The blocking-query loop (module docstring); returns once ``stop`` is set."""
+def follow(fetch: Fetch, publisher, stop: threading.Event, failures: tuple[type[BaseException], ...],
+           listeners: Sequence = ()) -> None:
+    """The blocking-query loop (module docstring); returns once ``stop`` is set.
+
+    Every answer and failure goes to ``publisher`` and then to each of
+    ``listeners`` (objects with the same ``answer``/``failure`` methods).
+    """
+    targets = (publisher, *listeners)
     index, backoff, last_start = 0, BACKOFF_MIN_S, 0.0
     while not stop.is_set():
         pause = last_start + MIN_REQUEST_INTERVAL_S - time.monotonic()
@@ -133,14 +139,16 @@ def follow(fetch: Fetch, publisher: Publisher, stop: threading.Event, failures: 
         try:
             decisions, answered_index, answered_at = fetch(index)
         except failures as exc:
-            publisher.failure(str(exc))
+            for target in targets:
+                target.failure(str(exc))
             index = 0
             if stop.wait(backoff * random.uniform(0.5, 1.0)):
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             continue
         backoff = BACKOFF_MIN_S
-        publisher.answer(decisions, answered_index, answered_at)
+        for target in targets:
+            target.answer(decisions, answered_index, answered_at)
         index = next_index(index, answered_index)
 
 
@@ -156,8 +164,12 @@ def try_lock(path: str) -> int | None:
 
 
 def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[int, str] | None,
-        max_age: float, mode: int = 0o600) -> int:
-    """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0."""
+        max_age: float, mode: int = 0o600, reap_grace: float | None = None) -> int:
+    """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0.
+
+    With a ``job`` and a ``reap_grace`` (seconds), also end the job's worker
+    sessions to every host Consul judges lost (:mod:`.reaper`).
+    """
     from hvd_elastic.options import stop_on_signals  # the watcher's own process: start-up cost does not matter
 
     lock_path = path + ".lock"
@@ -167,7 +179,14 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
         return 0
     publisher = Publisher(path, key, max_age, mode)
     with stop_on_signals(log, "removing the cache and exiting") as stop:
-        loop = threading.Thread(target=follow, args=(fetch, publisher, stop, failures), name="watch", daemon=True)
+        listeners = []
+        if job is not None and reap_grace is not None:
+            from hvd_elastic.discovery.reaper import Reaper
+
+            listeners.append(Reaper(int(job[0]), reap_grace))
+            listeners[-1].start(stop)
+        loop = threading.Thread(target=follow, args=(fetch, publisher, stop, failures, listeners), name="watch",
+                                daemon=True)
         loop.start()
         log.info("watching for %s (pid %d, job %s)", path, os.getpid(), "-".join(job) if job else "none")
         try:

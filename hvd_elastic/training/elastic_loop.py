@@ -23,16 +23,22 @@ A rank whose Horovod failed also hangs up its Gloo connections before the
 reset (:mod:`.gloo_hangup`), so a peer waiting on it fails now instead of
 after the Gloo timeout; and in the first world of two or more ranks it checks
 that Gloo's loop is found at all (one warning per run if not).
+
+Every world of two or more ranks also starts by gathering each rank's host
+name (one small allgather), so the first rank of each host knows which hosts
+its collectives wait on, and hangs up when Consul judges one of them lost
+(:mod:`.health_cut`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 
 import horovod.torch as hvd
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training import gloo_hangup, health_cut
 from hvd_elastic.training.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -65,11 +71,17 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     loop_check_due = gloo_hangup.enabled()
     notification_manager.init()
     notification_manager.register_listener(state)
+    cut = health_cut.start()
+    gather_hosts = health_cut.mode_or_auto() is not False  # the same answer on every rank: same environment
     skip_sync = False  # this process has never synced: it needs rank 0's state
     try:
         while True:
             try:
                 sync = _sync_needed(not skip_sync)
+                if gather_hosts and hvd.size() > 1:
+                    hosts = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME", ""))
+                    if cut is not None:
+                        cut.set_world(hosts)
                 if loop_check_due and hvd.size() > 1:
                     loop_check_due = False
                     if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
@@ -85,7 +97,11 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
+            if cut is not None:
+                cut.between_worlds()
             _reset()
             state.on_reset()
     finally:
         notification_manager.remove_listener(state)
+        if cut is not None:
+            cut.stop()

@@ -191,12 +191,14 @@ def gloo_sockets() -> list[int]:
     return [e.fd for e in gloo_endpoints()]
 
 
-def hang_up() -> list[int]:
+def hang_up(why: str = "of the failed Horovod context") -> list[int]:
     """Shut down this process's Gloo connections (see the module docstring); return their descriptors.
 
     Call it when this rank's Horovod failed (``HorovodInternalError``), before
-    the reset; never while the context is in use.  A descriptor that no longer
-    names the socket it named when listed is left alone.
+    the reset, or to MAKE it fail: a collective in flight then fails at once
+    on this rank and on every peer it talks to (:mod:`.health_cut` does so for
+    a peer host Consul judged lost).  A descriptor that no longer names the
+    socket it named when listed is left alone.
     """
     if not enabled():
         return []
@@ -212,7 +214,7 @@ def hang_up() -> list[int]:
                 pass  # already reset by the peer: nothing to tell it
         done.append(endpoint.fd)
     if done:
-        log.info("hung up %d Gloo connections of the failed Horovod context", len(done))
+        log.info("hung up %d Gloo connections %s", len(done), why)
     return done
 
 

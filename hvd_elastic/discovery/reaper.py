@@ -1,0 +1,130 @@
+"""The launcher's side of a lost host: end horovodrun's worker sessions to it.
+
+horovodrun's elastic driver re-forms the job only once every worker of the old
+world has recorded itself ready or failed.  A worker on a host that froze or
+dropped off the network does neither, and horovodrun learns of its end only
+when its ``ssh`` client exits: with OpenSSH's default client settings (no
+``ServerAliveInterval``) that is when TCP gives up, many minutes later, and
+the survivors sit in the rendezvous all that time.
+
+The discovery watcher runs on the launch host for the job's whole life and
+already follows the service's health; with :class:`Reaper` it also judges the
+job's hosts (:class:`.lost.LostHostJudge`) and, once a host is lost, SIGKILLs
+each of horovodrun's sessions for it.  horovodrun then records those workers
+as failed (and blacklists the host, as for any failure), whatever the ssh
+configuration says.
+
+How a session is found (Horovod 0.28's ``safe_shell_exec``): horovodrun forks
+one middleman per worker, which calls ``setsid()`` and runs the worker command
+through a shell; that command carries ``HOROVOD_HOSTNAME=<host>`` (in ssh's
+remote command, or, for a local host, in the worker's own environment).  So a
+session is a child of horovodrun that leads its own session, and its host is
+the first ``HOROVOD_HOSTNAME=`` found among that session's processes.  Killing
+the session's process group ends the shell, the ssh client or the local
+worker, and the middleman, whose exit status horovodrun records.
+
+Off switch: ``HVD_ELASTIC_HEALTH_REAP=0``.  Linux ``/proc`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+
+from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.discovery import lost
+
+log = logging.getLogger(__name__)
+
+ENV = "HVD_ELASTIC_HEALTH_REAP"
+
+_HOSTNAME = re.compile(rb"(?:^|[\s'\"\0])HOROVOD_HOSTNAME=([A-Za-z0-9.-]+)")
+
+
+def enabled(environ=os.environ) -> bool:
+    """Whether the reaper is on (default); ConfigError for a value that is no boolean."""
+    raw = environ.get(ENV, "").strip()
+    return parse_bool(ENV, raw) if raw else True
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, session id) of ``pid``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _host_of(pid: int) -> str | None:
+    for name in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                found = _HOSTNAME.search(f.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1).decode("ascii")
+    return None
+
+
+def worker_sessions(job_pid: int) -> dict[str, list[int]]:
+    """host -> session ids of ``job_pid``'s worker sessions (module docstring)."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            stats[int(name)] = st
+    leaders = {pid for pid, (ppid, sid) in stats.items() if ppid == job_pid and sid == pid}
+    members: dict[int, list[int]] = {}
+    for pid, (_, sid) in stats.items():
+        if sid in leaders:
+            members.setdefault(sid, []).append(pid)
+    sessions: dict[str, list[int]] = {}
+    for sid, pids in members.items():
+        host = next((h for h in map(_host_of, sorted(pids)) if h), None)
+        if host is not None:
+            sessions.setdefault(host, []).append(sid)
+    return sessions
+
+
+def end_sessions(sids: list[int]) -> list[int]:
+    """SIGKILL every process group in ``sids``; the ones that were still there."""
+    ended = []
+    for sid in sids:
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except OSError:
+            continue
+        ended.append(sid)
+    return ended
+
+
+class Reaper:
+    """Ends ``job_pid``'s worker sessions to each host Consul judges lost; feed it like a publisher."""
+
+    def __init__(self, job_pid: int, grace: float):
+        self.job_pid = job_pid
+        self.judge = lost.LostHostJudge(grace, watched=lambda: worker_sessions(job_pid), on_lost=self._reap)
+
+    # watch.follow's listener interface
+    def answer(self, decisions, index: int, answered: float) -> None:
+        self.judge.answer(decisions, index, answered)
+
+    def failure(self, error: str) -> None:
+        self.judge.failure(error)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.judge.run, args=(stop,), name="reaper", daemon=True)
+        thread.start()
+        return thread
+
+    def _reap(self, host: str, why: str) -> None:
+        ended = end_sessions(worker_sessions(self.job_pid).get(host, []))
+        if ended:
+            log.warning("host %s failed its health checks in Consul (%s): ended horovodrun's %d worker session(s) "
+                        "to it, so the job re-forms without it instead of waiting for its ssh connection to time out",
+                        host, why or "critical", len(ended))

@@ -1,0 +1,146 @@
+"""The survivors' side of a lost host: fail the collective that waits on it, now.
+
+A collective with a peer on a host that froze or dropped off the network
+waits out ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (real jobs cannot set it low: a long
+collective or a slow checkpoint barrier would look like a failure).  Consul
+knows much sooner: the host's node agent stops renewing its TTL check.  So the
+first rank of every host (``HOROVOD_LOCAL_RANK`` 0: one Consul reader per
+host, and any surviving host suffices) follows the training service's health
+with the same blocking query as the discovery watcher, and once
+:class:`~hvd_elastic.discovery.lost.LostHostJudge` judges a host of its
+current world lost (failed, never drained, for the grace period) it hangs up
+its own Gloo connections (:func:`.gloo_hangup.hang_up`).  Its collective fails
+at once, every peer it talks to fails in turn (and hangs up on failing, see
+:mod:`.elastic_loop`), and the job restores its last commit and re-forms
+without the host: horovodrun has recorded that host's workers as failed
+because the discovery watcher ended their sessions (:mod:`hvd_elastic.discovery.reaper`).
+
+Never cut for anything else: a slow step, a rank writing a checkpoint or a
+drained host are healthy in Consul; an unreachable Consul judges no one; a
+rank never judges its own host (the launcher does).
+
+Configuration is discovery's, read from the environment horovodrun copies to
+every worker: ``CONSUL_HTTP_ADDR`` (default the node's local agent),
+``CONSUL_HTTP_TOKEN_FILE`` and the TLS variables, ``HVD_ELASTIC_SERVICE``,
+``HVD_ELASTIC_TAGS``, ``HVD_ELASTIC_FILTER`` and ``HVD_ELASTIC_HOST_NAME`` (set
+those rather than discovery flags, so workers name hosts as horovodrun does),
+``HVD_ELASTIC_HEALTH_GRACE``.  ``HVD_ELASTIC_HEALTH_CUT``: unset (auto: on,
+silent until Consul has answered once, so a job without Consul logs nothing),
+a true value (on, and say so when Consul cannot be read) or a false one (off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+
+from hvd_elastic.consul.config import ConfigError, parse_bool
+from hvd_elastic.discovery import lost
+from hvd_elastic.training import gloo_hangup
+
+log = logging.getLogger(__name__)
+
+ENV = "HVD_ELASTIC_HEALTH_CUT"
+WAIT_S = 30.0  # the blocking read's ?wait=: a change returns at once, this bounds an idle read
+
+
+def mode(environ=os.environ) -> bool | None:
+    """None for auto (unset), else the boolean; ConfigError for a value that is none."""
+    raw = environ.get(ENV, "").strip()
+    return parse_bool(ENV, raw) if raw else None
+
+
+def mode_or_auto(environ=os.environ) -> bool | None:
+    """:func:`mode`, with a bad value read as auto (:func:`start` warns about it)."""
+    try:
+        return mode(environ)
+    except ConfigError:
+        return None
+
+
+class HealthCut:
+    """One rank's reader of Consul's health and its judge (module docstring)."""
+
+    def __init__(self, my_host: str, grace: float, *, loud: bool):
+        self.my_host = my_host
+        self._world: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self.cuts: list[str] = []  # hosts this rank hung up for, in order
+        self.judge = lost.LostHostJudge(grace, watched=self._watched, on_lost=self._cut,
+                                        quiet_until_answered=not loud)
+        self._stop = threading.Event()
+
+    def set_world(self, hosts) -> None:
+        """The hosts of the world just formed (every rank's ``HOROVOD_HOSTNAME``)."""
+        with self._lock:
+            self._world = frozenset(hosts) - {self.my_host}
+        self.judge.forget_acted()
+
+    def between_worlds(self) -> None:
+        """No world to cut from until :meth:`set_world` (a reset is under way)."""
+        with self._lock:
+            self._world = frozenset()
+
+    def _watched(self) -> frozenset[str]:
+        with self._lock:
+            return self._world
+
+    def _cut(self, host: str, why: str) -> None:
+        with self._lock:
+            if host not in self._world:
+                return
+            self._world = frozenset()  # one cut per world: the next world is set after the reset
+        self.cuts.append(host)
+        log.warning("host %s of this world failed its health checks in Consul (%s): hanging up this rank's Gloo "
+                    "connections so the job restores its last commit and re-forms without it", host, why or "critical")
+        gloo_hangup.hang_up(f"for lost host {host}")
+
+    def start(self, fetch, failures) -> None:
+        from hvd_elastic.discovery.watch import follow
+
+        threading.Thread(target=follow, args=(fetch, self.judge, self._stop, failures), name="health-cut-read",
+                         daemon=True).start()
+        threading.Thread(target=self.judge.run, args=(self._stop,), name="health-cut", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def start() -> HealthCut | None:
+    """This rank's HealthCut, running; None when it is off, or not this rank's job (not local rank 0).
+
+    A bad setting is one warning and no cut: a health watch is never a reason
+    to stop training.
+    """
+    try:
+        on = mode()
+        if on is False or os.environ.get("HOROVOD_LOCAL_RANK", "0") != "0":
+            return None
+        grace = lost.grace_from_env()
+        fetch, failures = _fetch()
+    except ConfigError as exc:
+        log.warning("health cut off: %s", exc)
+        return None
+    cut = HealthCut(os.environ.get("HOROVOD_HOSTNAME", ""), grace, loud=on is True)
+    cut.start(fetch, failures)
+    return cut
+
+
+def _fetch():
+    """Discovery's blocking health read, configured from the environment exactly as discovery's flags default."""
+    from hvd_elastic.discovery import cachecli, cli
+    from hvd_elastic.options import consul_config
+
+    parser = argparse.ArgumentParser(add_help=False)
+    cli.add_arguments(parser, cache=False)
+
+    def refuse(message: str):
+        raise ConfigError(message)
+
+    parser.error = refuse  # a bad HVD_ELASTIC_* value is a ConfigError here, never an exit
+    args = parser.parse_args([])
+    options = cli.options_from_args(args)
+    config = consul_config(args)
+    return cachecli.watch_fetch(config, cli.health_query(args, options), options, WAIT_S, args.timeout), cli.FAILURES

@@ -1,0 +1,221 @@
+"""Lost-host judging (hvd_elastic.discovery.lost) and the launcher's reaper, without a job.
+
+The judge runs on a fake clock; the reaper's session finder and killer run on a
+real process tree shaped like horovodrun's (a parent, a session-leading
+middleman per worker, a shell under it carrying ``HOROVOD_HOSTNAME=``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from hvd_elastic.consul.config import ConfigError
+from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery import lost, reaper
+from hvd_elastic.discovery.lost import HostState, LostHostJudge
+from hvd_elastic.testbed import wait_until
+
+
+def check(check_id: str, status: str, output: str = "") -> dict:
+    return {"CheckID": check_id, "Status": status, "Output": output}
+
+
+def entry(node: str, *checks: dict, slots: str = "1") -> dict:
+    return {"Node": {"Node": node, "Address": "10.0.0.1"},
+            "Service": {"ID": f"svc-{node}", "Service": "horovod", "Meta": {"slots": slots}, "Tags": []},
+            "Checks": list(checks) or [check("serfHealth", "passing")]}
+
+
+def decisions(*entries: dict) -> list[hostlib.Decision]:
+    return hostlib.evaluate(list(entries))
+
+
+HEALTHY = entry("a")
+FAILED = entry("a", check("serfHealth", "passing"), check("service:a", "critical", "TTL expired"))
+DRAINED = entry("a", check("service:a", "critical", "TTL expired"), check("_node_maintenance", "critical"))
+
+
+def test_host_states_tell_failed_from_drained_and_judge_nothing_else():
+    states = lost.host_states(decisions(
+        FAILED, entry("b", check("_service_maintenance:svc-b", "critical")),
+        entry("c"), entry("d", check("service:d", "warning")), entry("bad_name"),
+    ))
+    assert states["a"][0] is HostState.FAILED and "TTL expired" in states["a"][1]
+    assert states["b"][0] is HostState.DRAINED
+    assert states["c"][0] is HostState.HEALTHY
+    assert states["d"][0] is HostState.UNKNOWN  # warning: discovery drops it, nobody cuts for it
+    assert states["bad_name"][0] is HostState.UNKNOWN
+    # Maintenance wins over a failed check: a drain never rolls back.
+    assert lost.host_states(decisions(DRAINED))["a"][0] is HostState.DRAINED
+    # A host is as good as its best instance.
+    assert lost.host_states(decisions(FAILED, entry("a")))["a"][0] is HostState.HEALTHY
+
+
+@pytest.mark.parametrize("raw, expected", [("", 1.0), ("0", 0.0), ("2.5", 2.5)])
+def test_grace_from_env(raw, expected):
+    assert lost.grace_from_env({lost.GRACE_ENV: raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
+def test_a_bad_grace_is_named(raw):
+    with pytest.raises(ConfigError, match=rf"HVD_ELASTIC_HEALTH_GRACE='{raw}' is not a number of seconds >= 0"):
+        lost.grace_from_env({lost.GRACE_ENV: raw})
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def judge(watched=("a",), grace=1.0):
+    clock = Clock()
+    return LostHostJudge(grace, watched=lambda: watched, on_lost=lambda h, w: None, clock=clock), clock
+
+
+def test_a_host_failed_for_the_grace_is_lost_once():
+    j, clock = judge()
+    j.answer(decisions(HEALTHY), 1, 0)
+    j.answer(decisions(FAILED), 2, 0)
+    clock.now += 0.9
+    assert j.due() == []
+    clock.now += 0.2
+    assert [h for h, _ in j.due()] == ["a"]
+    j.answer(decisions(FAILED), 3, 0)
+    clock.now += 5
+    assert j.due() == [], "a host is reported once per failure"
+    j.answer(decisions(HEALTHY), 4, 0)
+    j.answer(decisions(FAILED), 5, 0)
+    clock.now += 1
+    assert [h for h, _ in j.due()] == ["a"], "a host that recovered can be lost again"
+
+
+def test_a_flapping_check_never_acts():
+    j, clock = judge()
+    for n in range(20):  # critical 0.6 s, passing 0.4 s, over and over
+        j.answer(decisions(FAILED if n % 2 == 0 else HEALTHY), n + 1, 0)
+        clock.now += 0.6 if n % 2 == 0 else 0.4
+        assert j.due() == []
+
+
+def test_drained_unwatched_and_unseen_hosts_are_never_lost():
+    j, clock = judge(watched=("a",))
+    j.answer(decisions(HEALTHY, entry("b")), 1, 0)
+    j.answer(decisions(DRAINED, entry("b", check("service:b", "critical"))), 2, 0)
+    clock.now += 10
+    assert j.due() == []  # a is drained, b is not watched
+    fresh, clock = judge()
+    fresh.answer(decisions(FAILED), 1, 0)  # never seen healthy: a failure from before the judge knew it
+    clock.now += 10
+    assert fresh.due() == []
+
+
+def test_an_unreachable_or_restarted_consul_is_no_evidence():
+    j, clock = judge()
+    j.answer(decisions(HEALTHY), 1, 0)
+    j.answer(decisions(FAILED), 2, 0)
+    clock.now += 0.5
+    j.failure("connection refused")
+    clock.now += 30
+    assert j.due() == []
+    # Back: every check critical until the node agents update again; not held against the host.
+    j.answer(decisions(FAILED), 3, 0)
+    clock.now += 10
+    assert j.due() == []
+    j.answer(decisions(HEALTHY), 4, 0)
+    j.answer(decisions(FAILED), 5, 0)
+    clock.now += 1
+    assert [h for h, _ in j.due()] == ["a"]
+
+
+def test_the_judge_thread_calls_on_lost_after_the_grace():
+    calls = []
+    j = LostHostJudge(0.3, watched=lambda: {"a"}, on_lost=lambda h, w: calls.append((h, time.monotonic())))
+    stop = threading.Event()
+    thread = threading.Thread(target=j.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        j.answer(decisions(HEALTHY), 1, 0)
+        failed_at = time.monotonic()
+        j.answer(decisions(FAILED), 2, 0)
+        wait_until("on_lost called", lambda: calls, 10)
+        assert calls[0][0] == "a" and calls[0][1] - failed_at >= 0.3
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+# -- the reaper ---------------------------------------------------------------------
+
+FAKE_HOROVODRUN = textwrap.dedent("""
+    import os, subprocess, sys, time
+    VAR = "HOROVOD_" + "HOSTNAME"  # never spelled out: this script is the middlemen's command line too
+    # One middleman per worker, as horovod's safe_shell_exec forks them: own session, a shell under it.
+    for host, local in (("hosta", False), ("hostb", False), ("hostb", True)):
+        if os.fork() == 0:
+            os.setsid()
+            if local:  # a local worker: the shell execs the worker, whose environment names the host
+                env = dict(os.environ, **{VAR: host})
+                cmd = "exec sleep 300"
+            else:  # a remote one: ssh's remote command carries the assignment
+                env = dict(os.environ)
+                cmd = f"sleep 300; : ssh {host} 'cd /x > /dev/null 2>&1 ; env {VAR}={host} HOROVOD_RANK=1 python t.py'"
+            subprocess.Popen(["/bin/sh", "-c", cmd], env=env).wait()
+            os._exit(0)
+    # A discovery call: also a session under horovodrun, but no worker.
+    if os.fork() == 0:
+        os.setsid()
+        os.execvp("sleep", ["sleep", "300"])
+    print("ready", flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.fixture
+def fake_horovodrun():
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_HOROVODRUN], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for sid in [s for sids in reaper.worker_sessions(proc.pid).values() for s in sids]:
+            os.killpg(sid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_the_reaper_finds_horovodruns_worker_sessions_by_host(fake_horovodrun):
+    sessions = wait_until("three worker sessions", lambda: (s := reaper.worker_sessions(fake_horovodrun.pid))
+                          and sum(map(len, s.values())) == 3 and s, 10)
+    assert sorted(sessions) == ["hosta", "hostb"] and len(sessions["hostb"]) == 2
+
+
+def test_the_reaper_ends_only_the_lost_hosts_sessions(fake_horovodrun):
+    wait_until("three worker sessions",
+               lambda: sum(map(len, reaper.worker_sessions(fake_horovodrun.pid).values())) == 3, 10)
+    r = reaper.Reaper(fake_horovodrun.pid, grace=0.0)
+    r.answer(decisions(entry("hosta"), entry("hostb")), 1, 0)
+    r.answer(decisions(entry("hosta", check("_node_maintenance", "critical")),
+                       entry("hostb", check("service:b", "critical", "TTL expired"))), 2, 0)
+    for host, why in r.judge.due():
+        r._reap(host, why)
+    wait_until("hostb's sessions gone", lambda: "hostb" not in reaper.worker_sessions(fake_horovodrun.pid), 10)
+    assert list(reaper.worker_sessions(fake_horovodrun.pid)) == ["hosta"], "a drained host keeps its workers"
+
+
+@pytest.mark.parametrize("raw, expected", [("", True), ("0", False), ("true", True)])
+def test_reaper_switch(raw, expected):
+    assert reaper.enabled({reaper.ENV: raw}) is expected
+    with pytest.raises(ConfigError, match="HVD_ELASTIC_HEALTH_REAP='maybe' is not a boolean"):
+        reaper.enabled({reaper.ENV: "maybe"})
