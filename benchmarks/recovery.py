@@ -26,7 +26,15 @@ ttl         a host's node agent is SIGKILLed             (no equivalent: not mea
 crash       one worker SIGKILLed                         the same
 host-crash  every process of a host SIGKILLed            the same
 partition   the host's link goes down                    the same
+freeze      every process of a host SIGSTOPped           the same
 =========== ============================================ ==============================
+
+``--gloo-timeout`` (default 60 s, what jobs with long collectives need) and
+``--ssh-keepalive`` (default off: OpenSSH's client defaults, as most users run
+horovodrun) set what a partition or a freeze waits for without hvd-elastic's
+lost-host cut (:mod:`hvd_elastic.discovery.lost`).  A sample that has not
+reached the new size after ``2 x gloo timeout + 30`` s is recorded at that cap
+and counted as not recovered.
 
 Reported per event and mode: median (p10-p90) seconds over ``--rounds``, the
 paired ratio hvd-elastic / horovod, the steps rolled back, for a join also the
@@ -51,20 +59,30 @@ from pathlib import Path
 
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
-from hvd_elastic.testbed import wait_until
+from hvd_elastic.testbed import JobError, wait_until
 from hvd_elastic.testbed.consul import consul_request
 from hvd_elastic.testbed.multihost import ElasticCluster
 from hvd_elastic.testbed.netns import unavailable_reason
 from hvd_elastic.training.events import EventLog
 
-EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition")
+EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition", "freeze")
 MODES = ("hvd-elastic", "hvd-elastic/dev", "horovod")
 CONSULS = {"consul": ("hvd-elastic", "horovod"), "dev": ("hvd-elastic/dev",)}  # the baseline needs no Consul
 JOINER = "hvdtb4"
 BASE_HOSTS = ("hvdtb1", "hvdtb2", "hvdtb3")
-GLOO_TIMEOUT = 15
 COOLDOWN = ("--blacklist-cooldown-range", "2", "3")
+GLOO_TIMEOUT = 60  # set by --gloo-timeout
 WAIT = 3 * GLOO_TIMEOUT + 60  # every wait is bounded
+
+
+def set_gloo_timeout(seconds: int) -> None:
+    global GLOO_TIMEOUT, WAIT
+    GLOO_TIMEOUT, WAIT = seconds, 3 * seconds + 60
+
+
+def recovery_cap() -> float:
+    """How long one sample may take before it counts as not recovered."""
+    return 2 * GLOO_TIMEOUT + 30
 
 
 class Round:
@@ -110,14 +128,25 @@ class Round:
             c.bed.crash(victim)
         elif event == "partition":
             c.bed.partition(victim)
+        elif event == "freeze":
+            c.bed.freeze(victim)
         # When the joiner became visible: a host-file line at once, a node agent once it has registered
         # (its own start-up is the host booting, not the job recovering).
         registered = self._registered(JOINER) if event == "join" and consul else t0
-        first = c.wait_steps(self.job, size=new, since=t0, timeout=WAIT)
-        sample = {"seconds": first["time"] - t0, "rolled_back": self._rolled_back(t0, first), "host": victim,
-                  "from_registration": first["time"] - registered}
-        if consul:
-            sample["phases"] = self._phases(t0, first, joined=event == "join")
+        try:
+            first = c.wait_steps(self.job, size=new, since=t0, timeout=recovery_cap())
+        except JobError:
+            if not self.job.running():
+                raise
+            first = None  # not recovered within the cap: recorded at the cap
+        if first is None:
+            sample = {"seconds": recovery_cap(), "recovered": False, "rolled_back": 0, "host": victim,
+                      "from_registration": recovery_cap()}
+        else:
+            sample = {"seconds": first["time"] - t0, "recovered": True, "rolled_back": self._rolled_back(t0, first),
+                      "host": victim, "from_registration": first["time"] - registered}
+            if consul:
+                sample["phases"] = self._phases(t0, first, joined=event == "join")
         self._undo(event, victim, old)
         return sample
 
@@ -143,6 +172,8 @@ class Round:
             c.start_agent(victim)
         elif event == "partition":
             c.bed.heal(victim)
+        elif event == "freeze":
+            c.bed.thaw(victim)
         c.wait_steps(self.job, size=size, steps=3, since=t, timeout=WAIT)
 
     def _rolled_back(self, t0: float, first: dict) -> int:
@@ -192,8 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", default=",".join(EVENTS), help="comma-separated subset of " + ",".join(EVENTS))
     parser.add_argument("--consul", default="consul,dev",
                         help="comma-separated Consuls for hvd-elastic: consul (HashiCorp's), dev (default %(default)s)")
+    parser.add_argument("--gloo-timeout", type=int, default=GLOO_TIMEOUT,
+                        help="HOROVOD_GLOO_TIMEOUT_SECONDS of every job (default %(default)s)")
+    parser.add_argument("--ssh-keepalive", action="store_true",
+                        help="give horovodrun's ssh keep-alives (ServerAliveInterval 2); default: OpenSSH's defaults")
     parser.add_argument("--json", type=Path, default=RESULTS / "recovery.json")
     args = parser.parse_args(argv)
+    if args.gloo_timeout < 1:
+        parser.error(f"--gloo-timeout {args.gloo_timeout}: expected a number of seconds >= 1")
+    set_gloo_timeout(args.gloo_timeout)
     events = args.events.split(",")
     consuls = args.consul.split(",")
     bad = [e for e in events if e not in EVENTS]
@@ -212,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for consul in (consuls if r % 2 == 0 else consuls[::-1]):
                 with ElasticCluster(Path(tmp) / f"{consul}-{r}", hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT,
-                                    consul=consul) as cluster:
+                                    consul=consul, ssh_keepalive=args.ssh_keepalive) as cluster:
                     cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)])
                     cluster.agents[JOINER].stop()  # the joiner is not there at start
                     modes = CONSULS[consul]
@@ -220,15 +258,16 @@ def main(argv: list[str] | None = None) -> int:
                         run_round(cluster, mode, Path(tmp) / f"{mode.replace('/', '-')}-{r}", events, samples, r)
 
     rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "consuls": consuls,
-                        "events": {}}
+                        "ssh_keepalive": args.ssh_keepalive, "recovery_cap_s": recovery_cap(), "events": {}}
     for event in events:
         base = [s["seconds"] for s in samples[event]["horovod"]]
         ours_mode = "hvd-elastic" if samples[event]["hvd-elastic"] else "hvd-elastic/dev"
         ours = [s["seconds"] for s in samples[event][ours_mode]]
         entry = {**samples[event],
                  "rolled_back_median": statistics.median(s["rolled_back"] for s in samples[event][ours_mode])}
-        phases = [s["phases"] for s in samples[event][ours_mode]]
-        entry["phases_median_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+        phases = [s["phases"] for s in samples[event][ours_mode] if "phases" in s]
+        entry["phases_median_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]} if phases else {}
+        entry["not_recovered"] = {m: sum(not s.get("recovered", True) for s in samples[event][m]) for m in MODES}
         report["events"][event] = entry
         dev = [s["seconds"] for s in samples[event]["hvd-elastic/dev"]]
         if dev and ours_mode == "hvd-elastic":
@@ -247,7 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     report["rows"] = rows
     print()
     print(format_table(f"event -> first committed step at the new size, 4 netns hosts over ssh, gloo timeout "
-                       f"{GLOO_TIMEOUT} s ({load_note(load_at_start)})", rows))
+                       f"{GLOO_TIMEOUT} s, ssh {'with' if args.ssh_keepalive else 'without'} keep-alives "
+                       f"({load_note(load_at_start)})", rows))
+    for event in events:
+        for mode, count in report["events"][event]["not_recovered"].items():
+            if count:
+                print(f"{event}: {mode}: {count} sample(s) not at the new size within {recovery_cap():.0f} s "
+                      "(recorded at that cap)")
     print("\nhvd-elastic phases (median s): " + "; ".join(
         f"{event}: " + ", ".join(f"{k} {v:.2f}" for k, v in report["events"][event]["phases_median_s"].items())
         for event in events))

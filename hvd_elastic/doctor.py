@@ -228,8 +228,33 @@ def _probe_marker(host: str, directory: str, marker: shared_dir.Marker) -> Findi
                    SHARED_FIX)
 
 
+def check_ssh(args: argparse.Namespace) -> Finding:
+    """The launcher's ssh keep-alives (``ssh -G HOST``: the settings horovodrun's ssh would use)."""
+    host = args.hosts[0] if args.hosts else "localhost"  # validated by host_list
+    if shutil.which("ssh") is None:
+        return Finding("ssh", False, "no ssh client here", "apt-get install openssh-client", required=False)
+    try:
+        out = subprocess.run(["ssh", "-G", "--", host], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return Finding("ssh", False, f"ssh -G {host} timed out", required=False)
+    settings = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    interval = settings.get("serveraliveinterval", "0")
+    count = settings.get("serveralivecountmax", "3")
+    if out.returncode != 0 or not interval.isdigit() or not count.isdigit():
+        return Finding("ssh", False, f"cannot read ssh's settings for {host}: {out.stderr.strip() or 'no output'}",
+                       required=False)
+    if int(interval) == 0:
+        return Finding("ssh", False, f"no keep-alives to {host} (ServerAliveInterval 0): horovodrun notices a host "
+                       "that froze or dropped off the network only when its Consul check fails (discovery's "
+                       "watcher then ends the session) or when TCP gives up",
+                       "add 'ServerAliveInterval 5' to the launcher's ~/.ssh/config", required=False)
+    return Finding("ssh", True, f"keep-alives to {host}: a lost host's session ends after about "
+                   f"{int(interval) * int(count)} s (ServerAliveInterval {interval} x ServerAliveCountMax {count})")
+
+
 CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
     check_python, check_torch, check_horovod, check_mpi, check_consul, check_token, check_gpus, check_disk,
+    check_ssh,
 ]
 
 

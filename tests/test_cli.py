@@ -167,4 +167,27 @@ def test_doctor_reads_the_marker_on_each_host_over_ssh(tmp_path):
     assert len(shared) == 2 and out.returncode == 1
     assert "shared" in out.stderr.split("failed: ")[1]
     assert os.listdir(ckpt) == []  # the marker is gone
-    assert all(line.startswith("-o BatchMode=yes -o ConnectTimeout=10 -- ") for line in calls.read_text().splitlines())
+    marker_reads = [line for line in calls.read_text().splitlines() if not line.startswith("-G ")]  # check_ssh
+    assert len(marker_reads) == 2
+    assert all(line.startswith("-o BatchMode=yes -o ConnectTimeout=10 -- ") for line in marker_reads)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("", "warn  ssh        no keep-alives to localhost (ServerAliveInterval 0)"),
+    ("ServerAliveInterval 2\n  ServerAliveCountMax 3\n",
+     "ok    ssh        keep-alives to localhost: a lost host's session ends after about 6 s"),
+])
+def test_doctor_reports_the_launchers_ssh_keep_alives(config, expected, tmp_path):
+    """Real ``ssh -G`` with a given client configuration (a wrapper on PATH adds ``-F``)."""
+    if not os.path.exists("/usr/bin/ssh"):
+        pytest.fail("/usr/bin/ssh is missing: scripts/bootstrap.sh installs openssh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "ssh_config").write_text(f"Host *\n  {config}")
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F "{tmp_path / "ssh_config"}" "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--min-free-gib", "0",
+                      env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                           "CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
+    line = next(line for line in out.stdout.splitlines() if line.split()[1] == "ssh")
+    assert line.startswith(expected), line

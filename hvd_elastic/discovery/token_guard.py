@@ -5,8 +5,9 @@ remote worker (``ssh host 'cd ... ; env VAR=value ... python train.py'``,
 ``horovod/runner/gloo_run.py``), where ``ps`` shows it to every user of that
 host, and it prints its ``--host-discovery-script`` command, ``--token VALUE``
 included, when a discovery call fails (besides showing it in the launch host's
-process list).  Only discovery needs the token; the workers never do.  A token
-FILE is safe: only its path travels.
+process list).  Discovery needs the token, and the workers' health cut
+(:mod:`hvd_elastic.training.health_cut`) reads it from the same file on its own
+host.  A token FILE is safe: only its path travels.
 
 So discovery running under horovodrun with a token value in
 ``CONSUL_HTTP_TOKEN`` or a ``--token`` flag refuses (exit 2, one line naming

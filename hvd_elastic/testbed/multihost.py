@@ -66,10 +66,13 @@ class ElasticCluster:
         consul: "consul" (HashiCorp Consul agents, see the module docstring) or "dev".
         node_agents: start a node agent on every host (False: something else registers
             the hosts, e.g. Slurm worker jobs, :mod:`.slurm`).
+        ssh_keepalive: horovodrun's ssh with keep-alives (ends a lost host's session in
+            about 6 s); False is OpenSSH's default client configuration (none).
     """
 
     def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
-                 acl_token: str | None = None, consul: str = "consul", node_agents: bool = True):
+                 acl_token: str | None = None, consul: str = "consul", node_agents: bool = True,
+                 ssh_keepalive: bool = True):
         if consul not in ("consul", "dev"):
             raise ValueError(f"consul must be 'consul' or 'dev', got {consul!r}")
         self.consul_kind = consul
@@ -78,7 +81,7 @@ class ElasticCluster:
         self.slots = slots
         self.ttl = ttl
         self.gloo_timeout = gloo_timeout
-        self.bed = NetnsBed(self.workdir / "bed", hosts)
+        self.bed = NetnsBed(self.workdir / "bed", hosts, ssh_keepalive=ssh_keepalive)
         self.consul: ConsulCluster | DevCluster | None = None
         self.agents: dict[str, Job] = {}
         self.jobs: list[Job] = []
@@ -229,7 +232,10 @@ class ElasticCluster:
 
     def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a job's horovodrun (and so of every worker) writing into ``out``."""
-        return self.bed.env(child_env(discovery_state=out / "discovery-state",
+        # CONSUL_HTTP_ADDR: where the workers' health cut reads Consul (hvd_elastic.training.health_cut).
+        # A GPU node's workers read their own node's agent at the default address; the bed's agents
+        # each listen on their host's address, and every host reaches the launcher's.
+        return self.bed.env(child_env(discovery_state=out / "discovery-state", CONSUL_HTTP_ADDR=self.consul_addr(),
                                       HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
                                       **self.consul_env, **(extra or {})))
 

@@ -109,10 +109,11 @@ class Host:
 class NetnsBed:
     """``hosts`` test hosts and a launcher in network namespaces; see the module docstring."""
 
-    def __init__(self, workdir: Path, hosts: int = 3):
+    def __init__(self, workdir: Path, hosts: int = 3, *, ssh_keepalive: bool = True):
         if hosts < 1:
             raise ValueError(f"hosts must be >= 1, got {hosts}")
         self.workdir = Path(workdir)
+        self.ssh_keepalive = ssh_keepalive  # False: OpenSSH's default client settings, as most users run
         self._initial = hosts
         self.hosts: dict[str, Host] = {}
         self.launcher: Host | None = None
@@ -193,14 +194,14 @@ class NetnsBed:
             if not (keys / key).exists():
                 _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{PREFIX}-{key}", "-f", str(keys / key))
         config = keys / "config"
-        # Keep-alives: a partitioned or frozen host's ssh session ends after about 6 s, so
-        # horovodrun sees its workers fail instead of waiting on TCP for hours.
+        # Keep-alives (unless ssh_keepalive is off): a partitioned or frozen host's ssh session ends
+        # after about 6 s, so horovodrun sees its workers fail instead of waiting on TCP for hours.
         config.write_text(
             "Host *\n"
             f"  IdentityFile {keys / 'id_ed25519'}\n"
             "  IdentitiesOnly yes\n  User root\n  BatchMode yes\n"
             "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-            "  ConnectTimeout 5\n  ServerAliveInterval 2\n  ServerAliveCountMax 3\n"
+            "  ConnectTimeout 5\n" + ("  ServerAliveInterval 2\n  ServerAliveCountMax 3\n" if self.ssh_keepalive else "")
         )
         wrapper_dir = self.workdir / "bin"
         wrapper_dir.mkdir(exist_ok=True)

@@ -48,6 +48,11 @@ def _sync_needed(mine: bool) -> bool:
     return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_elastic.sync_needed").item())
 
 
+def _world_hosts() -> list[str]:
+    """Every rank's host name, by rank (a collective: every rank of the world calls it)."""
+    return hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME", ""), name="hvd_elastic.world_hosts")
+
+
 def _reset() -> None:
     # What horovod.torch.elastic does between worlds: leave the old one, rendezvous anew.
     hvd.shutdown()
@@ -79,7 +84,7 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
             try:
                 sync = _sync_needed(not skip_sync)
                 if gather_hosts and hvd.size() > 1:
-                    hosts = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME", ""))
+                    hosts = _world_hosts()
                     if cut is not None:
                         cut.set_world(hosts)
                 if loop_check_due and hvd.size() > 1:

@@ -13,7 +13,7 @@ import pytest
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from gloo_shapes import GlooLikeLoop
-from hvd_elastic.training import elastic_loop, gloo_hangup
+from hvd_elastic.training import elastic_loop, gloo_hangup, health_cut
 
 
 class RecordingState:
@@ -48,8 +48,14 @@ def world(monkeypatch):
         if len(sizes) > 1:
             sizes.pop(0)
 
+    def world_hosts():
+        calls.append("world_hosts")
+        return ["here", "there"]
+
     monkeypatch.setattr(elastic_loop, "_sync_needed", sync_needed)
+    monkeypatch.setattr(elastic_loop, "_world_hosts", world_hosts)
     monkeypatch.setattr(elastic_loop, "_reset", reset)
+    monkeypatch.setenv(health_cut.ENV, "0")  # no Consul reader here; test_the_health_cut_... turns it on
     monkeypatch.setattr(elastic_loop.hvd, "size", lambda: sizes[0])
     monkeypatch.setattr(elastic_loop.hvd, "gloo_enabled", lambda: True)
     return {"calls": calls, "sizes": sizes}
@@ -128,3 +134,41 @@ def test_before_sync_runs_right_before_every_sync_and_only_then(world, monkeypat
         "restore", "reset", "on_reset", "sync_needed(True)", "before_sync", "sync", "fn",
         "reset", "on_reset", "sync_needed(False)", "fn",  # no sync, no check: nobody is new
     ]
+
+
+class RecordingCut:
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def set_world(self, hosts):
+        self.calls.append(f"set_world({','.join(hosts)})")
+
+    def between_worlds(self):
+        self.calls.append("between_worlds")
+
+    def stop(self):
+        self.calls.append("cut.stop")
+
+
+def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset(world, monkeypatch):
+    calls = world["calls"]
+    monkeypatch.delenv(health_cut.ENV)
+    monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
+    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: [])
+    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+    fn = failing(calls, [HorovodInternalError("peer lost")])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert calls == [
+        "sync_needed(True)", "world_hosts", "set_world(here,there)", "sync", "fn",
+        "restore", "between_worlds", "reset", "on_reset",
+        "sync_needed(True)", "world_hosts", "set_world(here,there)", "sync", "fn",
+        "cut.stop",
+    ]
+
+
+def test_with_the_health_cut_off_no_hosts_are_gathered(world, monkeypatch):
+    calls = world["calls"]
+    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+    assert elastic_loop.run_elastic(failing(calls, []), RecordingState(calls)) == "done"
+    assert "world_hosts" not in calls
