@@ -43,6 +43,7 @@ from hvd_elastic.training import gloo_hangup
 log = logging.getLogger(__name__)
 
 ENV = "HVD_ELASTIC_HEALTH_CUT"
+RETRIES, RETRY_S = 10, 3.0  # hang-ups repeated while this rank has not left the world it cut
 WAIT_S = 30.0  # the blocking read's ?wait=: a change returns at once, this bounds an idle read
 
 
@@ -71,17 +72,20 @@ class HealthCut:
         self.judge = lost.LostHostJudge(grace, watched=self._watched, on_lost=self._cut,
                                         quiet_until_answered=not loud)
         self._stop = threading.Event()
+        self._left = threading.Event()  # set once this rank has left the world it cut (between_worlds)
 
     def set_world(self, hosts) -> None:
         """The hosts of the world just formed (every rank's ``HOROVOD_HOSTNAME``)."""
         with self._lock:
             self._world = frozenset(hosts) - {self.my_host}
+            self._left.clear()
         self.judge.forget_acted()
 
     def between_worlds(self) -> None:
         """No world to cut from until :meth:`set_world` (a reset is under way)."""
         with self._lock:
             self._world = frozenset()
+            self._left.set()
 
     def _watched(self) -> frozenset[str]:
         with self._lock:
@@ -93,9 +97,18 @@ class HealthCut:
                 return
             self._world = frozenset()  # one cut per world: the next world is set after the reset
         self.cuts.append(host)
-        log.warning("host %s of this world failed its health checks in Consul (%s): hanging up this rank's Gloo "
-                    "connections so the job restores its last commit and re-forms without it", host, why or "critical")
-        gloo_hangup.hang_up(f"for lost host {host}")
+        done = gloo_hangup.hang_up(f"for lost host {host}")
+        log.warning("host %s of this world failed its health checks in Consul (%s): hung up this rank's %d Gloo "
+                    "connections so the job restores its last commit and re-forms without it",
+                    host, why or "critical", len(done))
+        # Until this rank has left the world, hang up again: a connection Gloo had not yet registered
+        # in its loop when it was listed is found on a later listing.
+        for attempt in range(1, RETRIES + 1):
+            if self._left.wait(RETRY_S) or self._stop.is_set():
+                return
+            done = gloo_hangup.hang_up(f"for lost host {host}, again")
+            log.warning("still in the world %.0f s after cutting host %s loose: hung up %d Gloo connections again",
+                        attempt * RETRY_S, host, len(done))
 
     def start(self, fetch, failures) -> None:
         from hvd_elastic.discovery.watch import follow

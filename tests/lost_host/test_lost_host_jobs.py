@@ -138,7 +138,7 @@ def test_a_frozen_host_is_cut_loose_and_the_job_trains_on_without_waiting_for_gl
         log, watcher = run.job.read_log(), run.watcher_log()
     assert "host 127.0.0.1 failed its health checks in Consul" in watcher, watcher
     assert "ended horovodrun's 1 worker session(s)" in watcher, watcher
-    assert "hanging up this rank's Gloo connections" in log, log[-4000:]
+    assert "Gloo connections so the job restores" in log, log[-4000:]
     assert ("internal_error", 2, 1) in resets(events), resets(events)
 
 
@@ -149,7 +149,7 @@ def test_survivors_cut_a_frozen_host_alone_and_it_rejoins_once_thawed(tmp_path):
         run.wait_steps(2, 10)
         run.freeze("127.0.0.1")
         run.job.wait_until("the survivor's hang-up",
-                           lambda: "hanging up this rank's Gloo connections" in run.job.read_log(), GUARD)
+                           lambda: "Gloo connections so the job restores" in run.job.read_log(), GUARD)
         thawed = time.time()
         run.freeze("127.0.0.1", signal.SIGCONT)
         run.wait_steps(2, 5, since=thawed)
@@ -165,6 +165,6 @@ def test_a_drain_during_a_5s_step_is_never_cut(tmp_path):
         run.wait_steps(1, 1, since=drained)
         events = run.finish()
         log = run.job.read_log()
-    assert "hanging up this rank's Gloo connections" not in log
+    assert "Gloo connections so the job restores" not in log
     assert resets(events) and all(r[0] == "hosts_updated" for r in resets(events)), resets(events)
     assert "restore" not in [e["event"] for e in events]
