@@ -24,6 +24,7 @@ import pytest
 
 from hvd_elastic.testbed import CONSUL_HOSTS, HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic
 from hvd_elastic.testbed.job import start_dev_agent, start_node_agent
+from hvd_elastic.testbed.lifecycle import Closing
 from hvd_elastic.testbed.ledger import verdict
 from hvd_elastic.training.events import EventLog
 
@@ -34,7 +35,7 @@ GUARD = 120.0  # far below the Gloo timeout: the test fails if a collective wait
 AGENT_ARGS = ("--slots", "1", "--ttl", "2", "--interval", "0.5", "--probe", "memory", "--min-free-memory", "1K")
 
 
-class LocalJob:
+class LocalJob(Closing):
     """Dev Consul + two node agents + elastic horovodrun of the testbed worker, all torn down on exit."""
 
     def __init__(self, tmp_path: Path, *worker_args: str, **env: str):
@@ -46,29 +47,21 @@ class LocalJob:
         self.extra_env = env
         self.jobs: list[Job] = []
 
-    def __enter__(self) -> "LocalJob":
-        try:
-            consul, self.addrs = start_dev_agent(["localhost", "127.0.0.1"], env=child_env(), logdir=self.tmp)
-            self.jobs.append(consul)
-            self.agents = {node: start_node_agent("--http-addr", addr, *AGENT_ARGS, env=child_env(), logdir=self.tmp,
-                                                  name=f"agent.{node}") for node, addr in self.addrs.items()}
-            self.jobs.extend(self.agents.values())
-            self.env = child_env(discovery_state=self.tmp / "discovery-state", CONSUL_HTTP_ADDR=self.addrs["localhost"],
-                                 HOROVOD_GLOO_TIMEOUT_SECONDS=GLOO_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT="120",
-                                 **self.extra_env)
-            cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {self.addrs['localhost']}", 2, 1, 2),
-                   sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(self.out), "--samples", "128",
-                   "--num-workers", "0", *self.worker_args]
-            self.job = Job(cmd, env=self.env, logdir=self.tmp, name="horovodrun")
-            self.jobs.append(self.job)
-            self.job.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def open(self) -> None:
+        consul, self.addrs = start_dev_agent(["localhost", "127.0.0.1"], env=child_env(), logdir=self.tmp)
+        self.jobs.append(consul)
+        self.agents = {node: start_node_agent("--http-addr", addr, *AGENT_ARGS, env=child_env(), logdir=self.tmp,
+                                              name=f"agent.{node}") for node, addr in self.addrs.items()}
+        self.jobs.extend(self.agents.values())
+        self.env = child_env(discovery_state=self.tmp / "discovery-state", CONSUL_HTTP_ADDR=self.addrs["localhost"],
+                             HOROVOD_GLOO_TIMEOUT_SECONDS=GLOO_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT="120",
+                             **self.extra_env)
+        cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {self.addrs['localhost']}", 2, 1, 2),
+               sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(self.out), "--samples", "128",
+               "--num-workers", "0", *self.worker_args]
+        self.job = Job(cmd, env=self.env, logdir=self.tmp, name="horovodrun")
+        self.jobs.append(self.job)
+        self.job.start()
 
     def close(self) -> None:
         for pid in self.worker_pids("127.0.0.1"):  # a frozen worker the test left behind
