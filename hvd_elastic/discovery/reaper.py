@@ -23,7 +23,8 @@ the first ``HOROVOD_HOSTNAME=`` found among that session's processes.  Killing
 the session's process group ends the shell, the ssh client or the local
 worker, and the middleman, whose exit status horovodrun records.
 
-Off switch: ``HVD_ELASTIC_HEALTH_REAP=0``.  Linux ``/proc`` only.
+On with ``HVD_ELASTIC_HEALTH_REAP=1``; off by default for now, like the
+survivors' side (:mod:`hvd_elastic.training.health_cut` says why).  Linux ``/proc`` only.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ _HOSTNAME = re.compile(rb"(?:^|[\s'\"\0])HOROVOD_HOSTNAME=([A-Za-z0-9.-]+)")
 
 
 def enabled(environ=os.environ) -> bool:
-    """Whether the reaper is on (default); ConfigError for a value that is no boolean."""
+    """Whether ``HVD_ELASTIC_HEALTH_REAP`` turns the reaper on (off when unset); ConfigError for no boolean."""
     raw = environ.get(ENV, "").strip()
-    return parse_bool(ENV, raw) if raw else True
+    return parse_bool(ENV, raw) if raw else False
 
 
 def _stat(pid: int) -> tuple[int, int] | None:

@@ -77,7 +77,7 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     notification_manager.init()
     notification_manager.register_listener(state)
     cut = health_cut.start()
-    gather_hosts = health_cut.mode_or_auto() is not False  # the same answer on every rank: same environment
+    gather_hosts = health_cut.enabled_or_off()  # the same answer on every rank: same environment
     skip_sync = False  # this process has never synced: it needs rank 0's state
     try:
         while True:

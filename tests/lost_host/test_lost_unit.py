@@ -214,8 +214,16 @@ def test_the_reaper_ends_only_the_lost_hosts_sessions(fake_horovodrun):
     assert list(reaper.worker_sessions(fake_horovodrun.pid)) == ["hosta"], "a drained host keeps its workers"
 
 
-@pytest.mark.parametrize("raw, expected", [("", True), ("0", False), ("true", True)])
+@pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("true", True)])
 def test_reaper_switch(raw, expected):
     assert reaper.enabled({reaper.ENV: raw}) is expected
     with pytest.raises(ConfigError, match="HVD_ELASTIC_HEALTH_REAP='maybe' is not a boolean"):
         reaper.enabled({reaper.ENV: "maybe"})
+
+
+def test_the_cut_is_opt_in_on_both_sides():
+    from hvd_elastic.training import health_cut
+
+    assert reaper.enabled({}) is False and health_cut.enabled({}) is False
+    assert health_cut.enabled({health_cut.ENV: "1"}) is True
+    assert health_cut.enabled_or_off({health_cut.ENV: "maybe"}) is False

@@ -179,13 +179,8 @@ def test_node_agent_dies_ttl_expiry(cluster, reliability):
     cluster.stop_agent(host)
     cluster.wait_steps(job, size=2, steps=3, since=stopped, timeout=HANG_GUARD)
     events = finish_and_check(cluster, job, reliability, "node agent dies (TTL expiry)")
-    # A TTL that expired is a failed host to Consul, as for a frozen one (hvd_elastic.discovery.lost), but the
-    # host's workers are alive: either horovodrun's removal reaches them first (a graceful resize at the
-    # next commit, no rollback) or the grace ends first and the host is cut loose (rollback to the last commit).
-    first = resets(events)[0]
-    assert first in (("hosts_updated", 3, 2), ("internal_error", 3, 2)), resets(events)
-    if first[0] == "hosts_updated":
-        assert "restore" not in [e["event"] for e in events[:next(i for i, e in enumerate(events) if e["event"] == "reset") + 1]]
+    assert resets(events)[0] == ("hosts_updated", 3, 2), resets(events)
+    assert "restore" not in [e["event"] for e in events]
 
 
 def test_consul_down_20s_and_back(cluster, reliability):

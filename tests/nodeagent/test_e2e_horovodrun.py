@@ -55,10 +55,7 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         sizes.wait_for_size(job, 2, timeout=90)
         then(1, lambda: hvd("drain", "--reason", "e2e"))  # drained: graceful shrink
         then(2, lambda: hvd("undrain"))  # undrained: grows again
-        silent_at = time.time()
-        # The node goes silent: its TTL check fails, Consul calls the host failed, and it is cut loose
-        # (its worker's session ended, the survivor rolls back to its last commit: hvd_elastic.discovery.lost).
-        then(1, lambda: other_agent.signal(signal.SIGSTOP))
+        then(1, lambda: other_agent.signal(signal.SIGSTOP))  # the node goes silent: its TTL check fails
         other_agent.kill()
         then(2, lambda: node_agents.start(other, *agent_args, name="127.0.0.1-again"))  # a node agent starts: grow
         (tmp_path / "stop").touch()
@@ -72,10 +69,9 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
     assert sizes.sequence() == [2, 1, 2, 1, 2], horovod_log
     survivor = next(r["pid"] for r in rows if r["host"] == "localhost")  # lives through every change
     assert {r["host"] for r in rows if r["pid"] == survivor} == {"localhost"}
-    graceful = [r for r in rows if r["pid"] == survivor and r["time"] < silent_at]  # the drain and the undrain
-    survivor_steps = [r["step"] for r in graceful if r["event"] == "step"]
+    survivor_steps = [r["step"] for r in rows if r["pid"] == survivor and r["event"] == "step"]
     assert survivor_steps == sorted(survivor_steps), "the survivor's step counter went backwards (rollback)"
-    assert not [r for r in graceful if r["event"] == "restore"], "a graceful change rolled back"
+    assert not [r for r in rows if r["pid"] == survivor and r["event"] == "restore"], "a graceful change rolled back"
     # Worlds of two had both ranks stepping, one on each host; worlds of one ran on localhost only.
     pairs = [r for r in rows if r["event"] == "step" and r["size"] == 2]
     assert {r["rank"] for r in pairs} == {0, 1} and {r["host"] for r in pairs} == {"localhost", "127.0.0.1"}

@@ -152,7 +152,7 @@ class RecordingCut:
 
 def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset(world, monkeypatch):
     calls = world["calls"]
-    monkeypatch.delenv(health_cut.ENV)
+    monkeypatch.setenv(health_cut.ENV, "1")
     monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
     monkeypatch.setattr(gloo_hangup, "hang_up", lambda: [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
