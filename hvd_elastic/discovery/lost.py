@@ -97,12 +97,10 @@ class LostHostJudge:
         grace: seconds a host must stay failed before it is lost.
         watched: the hosts it may act on right now (called at every decision).
         on_lost: called with (host, Consul's reason) from the judge's thread.
-        quiet_until_answered: say nothing of failed reads until Consul has
-            answered once (a job that runs without Consul stays silent).
     """
 
     def __init__(self, grace: float, watched: Callable[[], Iterable[str]], on_lost: Callable[[str, str], None],
-                 clock: Callable[[], float] = time.monotonic, quiet_until_answered: bool = False):
+                 clock: Callable[[], float] = time.monotonic):
         self.grace = grace
         self._watched = watched
         self._on_lost = on_lost
@@ -112,7 +110,6 @@ class LostHostJudge:
         self._acted: set[str] = set()  # hosts reported lost during their current failure
         self._seen_healthy: set[str] = set()  # since Consul's last failure: only they can fail
         self._consul_down = False
-        self._quiet = quiet_until_answered  # no warning about Consul before its first answer
 
     # -- fed by watch.follow ------------------------------------------------------
 
@@ -123,7 +120,6 @@ class LostHostJudge:
             if self._consul_down:
                 log.info("Consul answers again: judging hosts' health")
                 self._consul_down = False
-            self._quiet = False
             self._seen_healthy.update(h for h, (state, _) in states.items() if state is HostState.HEALTHY)
             failed = {h: why for h, (state, why) in states.items()
                       if state is HostState.FAILED and h in self._seen_healthy}
@@ -133,7 +129,7 @@ class LostHostJudge:
 
     def failure(self, error: str) -> None:
         with self._cond:
-            if not self._consul_down and not self._quiet:
+            if not self._consul_down:
                 log.warning("cannot read hosts' health from Consul (%s): no host is judged lost until it answers", error)
                 self._consul_down = True
             self._failed_since.clear()

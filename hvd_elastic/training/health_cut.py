@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 
-from hvd_elastic.consul.config import ConfigError, parse_bool
+from hvd_elastic.consul.config import ConfigError, env_bool
 from hvd_elastic.discovery import lost
 from hvd_elastic.training import gloo_hangup
 
@@ -53,8 +53,7 @@ WAIT_S = 30.0  # the blocking read's ?wait=: a change returns at once, this boun
 
 def enabled(environ=os.environ) -> bool:
     """Whether ``HVD_ELASTIC_HEALTH_CUT`` turns the cut on (off when unset); ConfigError for no boolean."""
-    raw = environ.get(ENV, "").strip()
-    return parse_bool(ENV, raw) if raw else False
+    return env_bool(ENV, False, environ)
 
 
 def enabled_or_off(environ=os.environ) -> bool:
@@ -68,13 +67,12 @@ def enabled_or_off(environ=os.environ) -> bool:
 class HealthCut:
     """One rank's reader of Consul's health and its judge (module docstring)."""
 
-    def __init__(self, my_host: str, grace: float, *, loud: bool):
+    def __init__(self, my_host: str, grace: float):
         self.my_host = my_host
         self._world: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self.cuts: list[str] = []  # hosts this rank hung up for, in order
-        self.judge = lost.LostHostJudge(grace, watched=self._watched, on_lost=self._cut,
-                                        quiet_until_answered=not loud)
+        self.judge = lost.LostHostJudge(grace, watched=self._watched, on_lost=self._cut)
         self._stop = threading.Event()
         self._left = threading.Event()  # set once this rank has left the world it cut (between_worlds)
 
@@ -139,7 +137,7 @@ def start() -> HealthCut | None:
     except ConfigError as exc:
         log.warning("health cut off: %s", exc)
         return None
-    cut = HealthCut(os.environ.get("HOROVOD_HOSTNAME", ""), grace, loud=True)
+    cut = HealthCut(os.environ.get("HOROVOD_HOSTNAME", ""), grace)
     cut.start(fetch, failures)
     return cut
 
