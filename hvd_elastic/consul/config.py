@@ -42,6 +42,12 @@ def parse_bool(name: str, value: str) -> bool:
     raise ConfigError(f"{name}={value!r} is not a boolean (expected one of 1, t, true, 0, f, false)")
 
 
+def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Variable ``name`` as :func:`parse_bool` reads it, ``default`` when unset or empty."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    return parse_bool(name, value) if value else default
+
+
 @dataclasses.dataclass(frozen=True)
 class ConsulConfig:
     """Where and how to reach a Consul agent's HTTP API."""
@@ -90,11 +96,9 @@ class ConsulConfig:
         raw_addr = addr or env.get("CONSUL_HTTP_ADDR") or DEFAULT_CONSUL_ADDR
         scheme, host, port = _parse_addr(raw_addr)
         if not addr or "://" not in raw_addr:
-            ssl_flag = env.get("CONSUL_HTTP_SSL")
-            if ssl_flag is not None and ssl_flag != "" and parse_bool("CONSUL_HTTP_SSL", ssl_flag):
+            if env_bool("CONSUL_HTTP_SSL", False, env):
                 scheme = "https"
-        verify_raw = env.get("CONSUL_HTTP_SSL_VERIFY", "")
-        verify = True if verify_raw == "" else parse_bool("CONSUL_HTTP_SSL_VERIFY", verify_raw)
+        verify = env_bool("CONSUL_HTTP_SSL_VERIFY", True, env)
 
         resolved_token, source_file = _resolve_token(env, token, token_file)
         cfg = cls(

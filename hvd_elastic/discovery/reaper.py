@@ -35,7 +35,7 @@ import re
 import signal
 import threading
 
-from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.consul.config import env_bool
 from hvd_elastic.discovery import lost
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,7 @@ _HOSTNAME = re.compile(rb"(?:^|[\s'\"\0])HOROVOD_HOSTNAME=([A-Za-z0-9.-]+)")
 
 def enabled(environ=os.environ) -> bool:
     """Whether ``HVD_ELASTIC_HEALTH_REAP`` turns the reaper on (off when unset); ConfigError for no boolean."""
-    raw = environ.get(ENV, "").strip()
-    return parse_bool(ENV, raw) if raw else False
+    return env_bool(ENV, False, environ)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hvd_elastic.consul.config import ConfigError, parse_bool
+from hvd_elastic.consul.config import ConfigError, env_bool
 from hvd_elastic.discovery import jobdir
 
 ALLOW_ENV = "HVD_ELASTIC_ALLOW_EXPOSED_TOKEN"
@@ -48,8 +48,7 @@ def exposure(environ: Mapping[str, str], token_flag: bool) -> tuple[str, str] | 
 
 def allowed(environ: Mapping[str, str]) -> bool:
     """True when ``HVD_ELASTIC_ALLOW_EXPOSED_TOKEN`` accepts the risk; raises ConfigError on a non-boolean."""
-    value = environ.get(ALLOW_ENV, "")
-    return parse_bool(ALLOW_ENV, value) if value else False
+    return env_bool(ALLOW_ENV, False, environ)
 
 
 def under_horovodrun() -> bool:

@@ -55,7 +55,7 @@ import socket
 import stat
 from typing import NamedTuple
 
-from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.consul.config import env_bool
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,7 @@ class _Registration(NamedTuple):
 
 
 def enabled() -> bool:
-    value = os.environ.get(ENV, "")
-    return parse_bool(ENV, value) if value else True
+    return env_bool(ENV, True)
 
 
 def _target(fd: int) -> str:

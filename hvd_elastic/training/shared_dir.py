@@ -51,7 +51,7 @@ import socket
 import time
 from pathlib import Path
 
-from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.consul.config import env_bool
 
 LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
 MARKER_PREFIX = ".hvd-elastic-shared-"
@@ -126,8 +126,7 @@ def enabled(shared: bool = True) -> bool:
 
     Raises ValueError naming a value of the variable that is not a boolean.
     """
-    value = os.environ.get(LOCAL_ENV, "")
-    return shared and not (parse_bool(LOCAL_ENV, value) if value else False)
+    return shared and not env_bool(LOCAL_ENV, False)
 
 
 def host_label() -> str:
