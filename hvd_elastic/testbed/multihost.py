@@ -231,13 +231,13 @@ class ElasticCluster:
                 str(VENV_BIN / "python"), "-m", "hvd_elastic.testbed.worker", "--out", str(out), *worker_args]
 
     def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment of a job's horovodrun (and so of every worker) writing into ``out``."""
+        """The environment of a job's horovodrun (and so of every worker) writing into ``out``; ``extra`` wins."""
         # CONSUL_HTTP_ADDR: where the workers' health cut reads Consul (hvd_elastic.training.health_cut).
         # A GPU node's workers read their own node's agent at the default address; the bed's agents
         # each listen on their host's address, and every host reaches the launcher's.
-        return self.bed.env(child_env(discovery_state=out / "discovery-state", CONSUL_HTTP_ADDR=self.consul_addr(),
-                                      HOROVOD_GLOO_TIMEOUT_SECONDS=str(self.gloo_timeout), HOROVOD_ELASTIC_TIMEOUT="120",
-                                      **self.consul_env, **(extra or {})))
+        settings = {"CONSUL_HTTP_ADDR": self.consul_addr(), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.gloo_timeout),
+                    "HOROVOD_ELASTIC_TIMEOUT": "120", **self.consul_env, **(extra or {})}
+        return self.bed.env(child_env(discovery_state=out / "discovery-state", **settings))
 
     @staticmethod
     def progress(job: TrainingJob) -> list[dict]:
