@@ -27,8 +27,8 @@ that comes back reports every check critical until the node agents' next
 update, so neither an unreachable nor a freshly restarted Consul is ever
 evidence against a host.
 It is fed by :func:`hvd_elastic.discovery.watch.follow` (``answer``/``failure``)
-and calls ``on_lost(host, why)`` at most once per failure of a host that
-``watched()`` still lists.  Two users: the discovery watcher on the launch host
+and calls ``on_lost(host, why)`` once per failure of a host that ``watched()``
+still lists -- again at every poll while it returns False ("not now").  Two users: the discovery watcher on the launch host
 (:mod:`.reaper`) and every host's first rank (:mod:`hvd_elastic.training.health_cut`).
 """
 
@@ -96,10 +96,11 @@ class LostHostJudge:
     Args:
         grace: seconds a host must stay failed before it is lost.
         watched: the hosts it may act on right now (called at every decision).
-        on_lost: called with (host, Consul's reason) from the judge's thread.
+        on_lost: called with (host, Consul's reason) from the judge's thread; returning
+            False means it did not act, and asks again at the next poll while the host stays lost.
     """
 
-    def __init__(self, grace: float, watched: Callable[[], Iterable[str]], on_lost: Callable[[str, str], None],
+    def __init__(self, grace: float, watched: Callable[[], Iterable[str]], on_lost: Callable[[str, str], bool | None],
                  clock: Callable[[], float] = time.monotonic):
         self.grace = grace
         self._watched = watched
@@ -169,9 +170,14 @@ class LostHostJudge:
         while not stop.is_set():
             for host, why in self.due():
                 try:
-                    self._on_lost(host, why)
+                    acted = self._on_lost(host, why) is not False
                 except Exception:  # a failed action must not end the judging of other hosts
                     log.exception("acting on lost host %s failed", host)
+                    acted = True
+                if not acted:
+                    with self._cond:
+                        self._acted.discard(host)
             with self._cond:
                 wait = self._next_due_in()
-                self._cond.wait(poll if wait is None else min(wait, poll))
+                # Overdue yet pending (not watched, or on_lost declined): look again at the next poll, not at once.
+                self._cond.wait(poll if wait is None or wait == 0.0 else min(wait, poll))

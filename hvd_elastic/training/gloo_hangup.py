@@ -53,6 +53,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from typing import NamedTuple
 
 from hvd_elastic.consul.config import env_bool
@@ -188,6 +189,40 @@ def gloo_endpoints() -> list[Endpoint]:
 def gloo_sockets() -> list[int]:
     """The descriptor numbers of :func:`gloo_endpoints`."""
     return [e.fd for e in gloo_endpoints()]
+
+
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then u32s; tcpi_last_data_recv is the
+# twelfth u32 (offset 52) -- milliseconds since the kernel last received data (not a bare ACK) on the socket.
+_TCP_INFO_LAST_DATA_RECV = struct.Struct("=I")
+_TCP_INFO_LAST_DATA_RECV_OFFSET = 8 + 4 * 11
+
+
+def _quiet_ms(endpoint: Endpoint) -> int | None:
+    """Milliseconds since ``endpoint`` last received data; None when it cannot be told."""
+    sock = _socket_at(*endpoint)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LAST_DATA_RECV_OFFSET + 4)
+        except OSError:
+            return None
+    if len(info) < _TCP_INFO_LAST_DATA_RECV_OFFSET + 4:
+        return None
+    return _TCP_INFO_LAST_DATA_RECV.unpack_from(info, _TCP_INFO_LAST_DATA_RECV_OFFSET)[0]
+
+
+def quiet_for() -> float | None:
+    """Seconds since any of this process's Gloo connections last received data; None if none is found.
+
+    Horovod's background loop negotiates with its peers every cycle
+    (``HOROVOD_CYCLE_TIME``, milliseconds), also while the training code
+    computes or writes a checkpoint, so a live world is never quiet for
+    seconds, while a world whose collective waits on a lost peer is quiet on
+    EVERY connection: a ring stalls as a whole.
+    """
+    quiet = [ms for ms in map(_quiet_ms, gloo_endpoints()) if ms is not None]
+    return min(quiet) / 1000.0 if quiet else None
 
 
 def hang_up(why: str = "of the failed Horovod context") -> list[int]:

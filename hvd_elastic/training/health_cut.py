@@ -47,6 +47,10 @@ from hvd_elastic.training import gloo_hangup
 log = logging.getLogger(__name__)
 
 ENV = "HVD_ELASTIC_HEALTH_CUT"
+# A live world's Gloo connections carry Horovod's negotiation every cycle (milliseconds): a rank that heard
+# nothing for this long is waiting on someone.  Well under the TTL that made the host critical, and a
+# stalled ring has been quiet since the fault itself, so it costs a real failure nothing.
+QUIET_S = 2.0
 RETRIES, RETRY_S = 10, 3.0  # hang-ups repeated while this rank has not left the world it cut
 WAIT_S = 30.0  # the blocking read's ?wait=: a change returns at once, this bounds an idle read
 
@@ -67,8 +71,10 @@ def enabled_or_off(environ=os.environ) -> bool:
 class HealthCut:
     """One rank's reader of Consul's health and its judge (module docstring)."""
 
-    def __init__(self, my_host: str, grace: float):
+    def __init__(self, my_host: str, grace: float, quiet_for=gloo_hangup.quiet_for):
         self.my_host = my_host
+        self.quiet_for = quiet_for  # seconds since this rank's Gloo connections last received data
+        self._spared: set[str] = set()  # failed hosts not cut for live traffic, this world (logged once)
         self._world: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self.cuts: list[str] = []  # hosts this rank hung up for, in order
@@ -80,6 +86,7 @@ class HealthCut:
         """The hosts of the world just formed (every rank's ``HOROVOD_HOSTNAME``)."""
         with self._lock:
             self._world = frozenset(hosts) - {self.my_host}
+            self._spared.clear()
             self._left.clear()
         self.judge.forget_acted()
 
@@ -93,10 +100,19 @@ class HealthCut:
         with self._lock:
             return self._world
 
-    def _cut(self, host: str, why: str) -> None:
+    def _cut(self, host: str, why: str) -> bool:
+        """Hang up for ``host`` if it is of this world and the world is stalled; False: ask again later."""
+        quiet = self.quiet_for()
         with self._lock:
             if host not in self._world:
-                return
+                return True
+            if quiet is not None and quiet < QUIET_S:
+                if host not in self._spared:
+                    self._spared.add(host)
+                    log.warning("host %s of this world failed its health checks in Consul (%s), but this rank "
+                                "heard from its peers %.1f s ago: not cutting while Gloo traffic flows",
+                                host, why or "critical", quiet)
+                return False
             self._world = frozenset()  # one cut per world: the next world is set after the reset
         self.cuts.append(host)
         done = gloo_hangup.hang_up(f"for lost host {host}")
@@ -107,10 +123,11 @@ class HealthCut:
         # in its loop when it was listed is found on a later listing.
         for attempt in range(1, RETRIES + 1):
             if self._left.wait(RETRY_S) or self._stop.is_set():
-                return
+                return True
             done = gloo_hangup.hang_up(f"for lost host {host}, again")
             log.warning("still in the world %.0f s after cutting host %s loose: hung up %d Gloo connections again",
                         attempt * RETRY_S, host, len(done))
+        return True
 
     def start(self, fetch, failures) -> None:
         from hvd_elastic.discovery.watch import follow

@@ -155,6 +155,80 @@ def test_the_judge_thread_calls_on_lost_after_the_grace():
         thread.join(5)
 
 
+def run_judge(j: LostHostJudge, seconds: float) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=j.run, args=(stop, 0.1), daemon=True)
+    thread.start()
+    try:
+        time.sleep(seconds)
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_a_declined_host_is_asked_again_at_each_poll_and_an_unwatched_one_costs_no_spin():
+    asked, watched_calls = [], []
+
+    def watched():
+        watched_calls.append(1)
+        return {"a"}
+
+    j = LostHostJudge(0.0, watched=watched, on_lost=lambda h, w: asked.append(h) or False)
+    j.answer(decisions(HEALTHY, entry("b")), 1, 0)
+    j.answer(decisions(FAILED, entry("b", check("service:b", "critical"))), 2, 0)  # b failed, never watched
+    run_judge(j, 1.0)
+    # Polls every 0.1 s: ~10 askings of a (declined each time), not thousands of wake-ups for b.
+    assert 5 <= len(asked) <= 15 and set(asked) == {"a"}
+    assert len(watched_calls) <= 15
+
+
+def test_an_acting_on_lost_is_called_once_per_failure():
+    asked = []
+    j = LostHostJudge(0.0, watched=lambda: {"a"}, on_lost=lambda h, w: asked.append(h))
+    j.answer(decisions(HEALTHY), 1, 0)
+    j.answer(decisions(FAILED), 2, 0)
+    run_judge(j, 0.5)
+    assert asked == ["a"]
+
+
+# -- the survivors' cut -------------------------------------------------------------
+
+
+@pytest.fixture
+def hang_ups(monkeypatch):
+    from hvd_elastic.training import gloo_hangup
+
+    calls = []
+    monkeypatch.setattr(gloo_hangup, "hang_up", lambda why="": calls.append(why) or [7])
+    return calls
+
+
+def test_the_cut_spares_a_failed_host_while_this_ranks_gloo_traffic_flows(hang_ups):
+    from hvd_elastic.training.health_cut import QUIET_S, HealthCut
+
+    quiet = [0.01]
+    cut = HealthCut("me", 1.0, quiet_for=lambda: quiet[0])
+    cut.set_world(["me", "a", "b"])
+    assert cut._cut("a", "ttl") is False and hang_ups == [], "a world that talks is not stuck"
+    quiet[0] = QUIET_S + 0.5
+    cut.between_worlds()  # so the hang-up's retries end at once
+    cut.set_world(["me", "a", "b"])
+    cut._left.set()
+    assert cut._cut("a", "ttl") is True and len(hang_ups) == 1 and cut.cuts == ["a"]
+    assert cut._cut("b", "ttl") is True and len(hang_ups) == 1, "one cut per world"
+
+
+def test_the_cut_acts_when_it_cannot_see_gloo_and_never_for_a_host_outside_the_world(hang_ups):
+    from hvd_elastic.training.health_cut import HealthCut
+
+    cut = HealthCut("me", 1.0, quiet_for=lambda: None)
+    cut.set_world(["me", "a"])
+    assert cut._cut("z", "ttl") is True and hang_ups == []
+    assert cut._cut("me", "ttl") is True and hang_ups == [], "a rank never judges its own host"
+    cut._left.set()
+    assert cut._cut("a", "ttl") is True and len(hang_ups) == 1
+
+
 # -- the reaper ---------------------------------------------------------------------
 
 FAKE_HOROVODRUN = textwrap.dedent("""
