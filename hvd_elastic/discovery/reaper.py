@@ -10,9 +10,13 @@ the survivors sit in the rendezvous all that time.
 The discovery watcher runs on the launch host for the job's whole life and
 already follows the service's health; with :class:`Reaper` it also judges the
 job's hosts (:class:`.lost.LostHostJudge`) and, once a host is lost, SIGKILLs
-each of horovodrun's sessions for it.  horovodrun then records those workers
-as failed (and blacklists the host, as for any failure), whatever the ssh
-configuration says.
+each of horovodrun's sessions for it -- if the host no longer answers
+(:mod:`.host_answers`: its sshd does not greet, or its local workers are
+stopped).  horovodrun then records those workers as failed (and blacklists the
+host, as for any failure), whatever the ssh configuration says.  A host that
+still answers (its node agent died, its workers train on) keeps its sessions:
+discovery's removal resizes the job gracefully; the reaper asks again at every
+poll while the host stays lost, at most every :data:`REPROBE_S`.
 
 How a session is found (Horovod 0.28's ``safe_shell_exec``): horovodrun forks
 one middleman per worker, which calls ``setsid()`` and runs the worker command
@@ -23,8 +27,7 @@ the first ``HOROVOD_HOSTNAME=`` found among that session's processes.  Killing
 the session's process group ends the shell, the ssh client or the local
 worker, and the middleman, whose exit status horovodrun records.
 
-On with ``HVD_ELASTIC_HEALTH_REAP=1``; off by default for now, like the
-survivors' side (:mod:`hvd_elastic.training.health_cut` says why).  Linux ``/proc`` only.
+On unless ``HVD_ELASTIC_HEALTH_REAP=0``.  Linux ``/proc`` only.
 """
 
 from __future__ import annotations
@@ -34,30 +37,22 @@ import os
 import re
 import signal
 import threading
+import time
 
 from hvd_elastic.consul.config import env_bool
-from hvd_elastic.discovery import lost
+from hvd_elastic.discovery import host_answers, lost, procfs
 
 log = logging.getLogger(__name__)
 
 ENV = "HVD_ELASTIC_HEALTH_REAP"
+REPROBE_S = 5.0  # a lost host that still answered is probed again no sooner (each probe is an sshd log line)
 
 _HOSTNAME = re.compile(rb"(?:^|[\s'\"\0])HOROVOD_HOSTNAME=([A-Za-z0-9.-]+)")
 
 
 def enabled(environ=os.environ) -> bool:
-    """Whether ``HVD_ELASTIC_HEALTH_REAP`` turns the reaper on (off when unset); ConfigError for no boolean."""
-    return env_bool(ENV, False, environ)
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, session id) of ``pid``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[1]), int(fields[3])
-    except (OSError, ValueError, IndexError):
-        return None
+    """Whether ``HVD_ELASTIC_HEALTH_REAP`` leaves the reaper on (on when unset); ConfigError for no boolean."""
+    return env_bool(ENV, True, environ)
 
 
 def _host_of(pid: int) -> str | None:
@@ -74,15 +69,12 @@ def _host_of(pid: int) -> str | None:
 
 def worker_sessions(job_pid: int) -> dict[str, list[int]]:
     """host -> session ids of ``job_pid``'s worker sessions (module docstring)."""
-    stats = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (st := _stat(int(name))) is not None:
-            stats[int(name)] = st
-    leaders = {pid for pid, (ppid, sid) in stats.items() if ppid == job_pid and sid == pid}
+    stats = procfs.all_stats()
+    leaders = {pid for pid, st in stats.items() if st.ppid == job_pid and st.sid == pid}
     members: dict[int, list[int]] = {}
-    for pid, (_, sid) in stats.items():
-        if sid in leaders:
-            members.setdefault(sid, []).append(pid)
+    for pid, st in stats.items():
+        if st.sid in leaders:
+            members.setdefault(st.sid, []).append(pid)
     sessions: dict[str, list[int]] = {}
     for sid, pids in members.items():
         host = next((h for h in map(_host_of, sorted(pids)) if h), None)
@@ -106,8 +98,11 @@ def end_sessions(sids: list[int]) -> list[int]:
 class Reaper:
     """Ends ``job_pid``'s worker sessions to each host Consul judges lost; feed it like a publisher."""
 
-    def __init__(self, job_pid: int, grace: float):
+    def __init__(self, job_pid: int, grace: float, answers=host_answers.answers, clock=time.monotonic):
         self.job_pid = job_pid
+        self.answers = answers  # (session ids) -> (whether the host answers, how that was told)
+        self.clock = clock
+        self._answered: dict[str, float] = {}  # host -> when it last answered while lost
         self.judge = lost.LostHostJudge(grace, watched=lambda: worker_sessions(job_pid), on_lost=self._reap)
 
     # watch.follow's listener interface
@@ -122,9 +117,26 @@ class Reaper:
         thread.start()
         return thread
 
-    def _reap(self, host: str, why: str) -> None:
-        ended = end_sessions(worker_sessions(self.job_pid).get(host, []))
+    def _reap(self, host: str, why: str) -> bool:
+        """End ``host``'s sessions unless it still answers; False: ask again at the next poll."""
+        sids = worker_sessions(self.job_pid).get(host, [])
+        if not sids:
+            self._answered.pop(host, None)
+            return True
+        last = self._answered.get(host)
+        if last is not None and self.clock() - last < REPROBE_S:
+            return False
+        alive, how = self.answers(sids)
+        if alive:
+            if last is None:
+                log.warning("host %s failed its health checks in Consul (%s), but it still answers (%s): not ending "
+                            "its worker sessions; discovery's removal resizes the job", host, why or "critical", how)
+            self._answered[host] = self.clock()
+            return False
+        self._answered.pop(host, None)
+        ended = end_sessions(sids)
         if ended:
-            log.warning("host %s failed its health checks in Consul (%s): ended horovodrun's %d worker session(s) "
-                        "to it, so the job re-forms without it instead of waiting for its ssh connection to time out",
-                        host, why or "critical", len(ended))
+            log.warning("host %s failed its health checks in Consul (%s) and does not answer (%s): ended horovodrun's "
+                        "%d worker session(s) to it, so the job re-forms without it instead of waiting for its ssh "
+                        "connection to time out", host, why or "critical", how, len(ended))
+        return True

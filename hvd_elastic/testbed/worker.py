@@ -164,10 +164,11 @@ class Evidence:
         """After ``optimizer.step()``: the step's digest after; then, when asked, this rank dies here."""
         state.digests[-1][1] = checksum(state.model, state.optimizer)
         claim = os.path.join(self.out, "die-after-step")
-        if not os.path.exists(claim):
+        try:  # no exists() first: the rank that claims it may unlink it between the two
+            with open(claim) as f:
+                rank, step = (int(v) for v in (f.read().split() or ["1", "5"]))
+        except FileNotFoundError:
             return
-        with open(claim) as f:
-            rank, step = (int(v) for v in (f.read().split() or ["1", "5"]))
         if hvd.rank() == rank and state.step + 1 >= step:
             try:
                 os.unlink(claim)  # one process wins the claim: the fault happens once

@@ -32,7 +32,6 @@ pytestmark = pytest.mark.slow
 
 GLOO_TIMEOUT = "600"
 GUARD = 120.0  # far below the Gloo timeout: the test fails if a collective waited for it
-LOST_HOSTS_ON = {"HVD_ELASTIC_HEALTH_CUT": "1", "HVD_ELASTIC_HEALTH_REAP": "1"}  # opt-in for now
 AGENT_ARGS = ("--slots", "1", "--ttl", "2", "--interval", "0.5", "--probe", "memory", "--min-free-memory", "1K")
 
 
@@ -56,7 +55,7 @@ class LocalJob(Closing):
         self.jobs.extend(self.agents.values())
         self.env = child_env(discovery_state=self.tmp / "discovery-state", CONSUL_HTTP_ADDR=self.addrs["localhost"],
                              HOROVOD_GLOO_TIMEOUT_SECONDS=GLOO_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT="120",
-                             **{**LOST_HOSTS_ON, **self.extra_env})
+                             **self.extra_env)
         cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {self.addrs['localhost']}", 2, 1, 2),
                sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(self.out), "--samples", "128",
                "--num-workers", "0", *self.worker_args]

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 
 from hvd_elastic.consul.config import ConfigError
@@ -263,9 +264,13 @@ def fake_horovodrun():
         assert proc.stdout.readline().strip() == "ready"
         yield proc
     finally:
+        sessions = [child.pid for child in psutil.Process(proc.pid).children()]  # each leads its own session
         os.killpg(proc.pid, signal.SIGKILL)
-        for sid in [s for sids in reaper.worker_sessions(proc.pid).values() for s in sids]:
-            os.killpg(sid, signal.SIGKILL)
+        for sid in sessions:
+            try:
+                os.killpg(sid, signal.SIGKILL)
+            except ProcessLookupError:  # the test ended it
+                pass
         proc.wait()
 
 
@@ -278,7 +283,7 @@ def test_the_reaper_finds_horovodruns_worker_sessions_by_host(fake_horovodrun):
 def test_the_reaper_ends_only_the_lost_hosts_sessions(fake_horovodrun):
     wait_until("three worker sessions",
                lambda: sum(map(len, reaper.worker_sessions(fake_horovodrun.pid).values())) == 3, 10)
-    r = reaper.Reaper(fake_horovodrun.pid, grace=0.0)
+    r = reaper.Reaper(fake_horovodrun.pid, grace=0.0, answers=lambda sids: (False, "it is gone"))
     r.answer(decisions(entry("hosta"), entry("hostb")), 1, 0)
     r.answer(decisions(entry("hosta", check("_node_maintenance", "critical")),
                        entry("hostb", check("service:b", "critical", "TTL expired"))), 2, 0)
@@ -288,16 +293,33 @@ def test_the_reaper_ends_only_the_lost_hosts_sessions(fake_horovodrun):
     assert list(reaper.worker_sessions(fake_horovodrun.pid)) == ["hosta"], "a drained host keeps its workers"
 
 
-@pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("true", True)])
+@pytest.mark.parametrize("raw, expected", [("", True), ("0", False), ("true", True)])
 def test_reaper_switch(raw, expected):
     assert reaper.enabled({reaper.ENV: raw}) is expected
     with pytest.raises(ConfigError, match="HVD_ELASTIC_HEALTH_REAP='maybe' is not a boolean"):
         reaper.enabled({reaper.ENV: "maybe"})
 
 
-def test_the_cut_is_opt_in_on_both_sides():
+def test_the_reaper_leaves_a_lost_host_that_still_answers_and_asks_it_again_later(fake_horovodrun):
+    wait_until("three worker sessions",
+               lambda: sum(map(len, reaper.worker_sessions(fake_horovodrun.pid).values())) == 3, 10)
+    now, probes, alive = [100.0], [], [True]
+    r = reaper.Reaper(fake_horovodrun.pid, grace=0.0, clock=lambda: now[0],
+                      answers=lambda sids: probes.append(sorted(sids)) or (alive[0], "probed"))
+    hostb = sorted(reaper.worker_sessions(fake_horovodrun.pid)["hostb"])
+    assert r._reap("hostb", "TTL expired") is False and probes == [hostb], "its node agent died, its workers live"
+    now[0] += reaper.REPROBE_S / 2
+    assert r._reap("hostb", "TTL expired") is False and len(probes) == 1, "not probed again so soon"
+    now[0] += reaper.REPROBE_S
+    alive[0] = False
+    assert r._reap("hostb", "TTL expired") is True and len(probes) == 2
+    wait_until("hostb's sessions gone", lambda: "hostb" not in reaper.worker_sessions(fake_horovodrun.pid), 10)
+    assert r._reap("hostb", "TTL expired") is True and len(probes) == 2, "nothing left to end, nothing probed"
+
+
+def test_both_sides_of_the_cut_are_on_by_default():
     from hvd_elastic.training import health_cut
 
-    assert reaper.enabled({}) is False and health_cut.enabled({}) is False
-    assert health_cut.enabled({health_cut.ENV: "1"}) is True
+    assert reaper.enabled({}) is True and health_cut.enabled({}) is True
+    assert reaper.enabled({reaper.ENV: "0"}) is False and health_cut.enabled({health_cut.ENV: "0"}) is False
     assert health_cut.enabled_or_off({health_cut.ENV: "maybe"}) is False

@@ -63,6 +63,28 @@ def finish_and_check(cluster, job, reliability, fault: str) -> list[dict]:
     return events
 
 
+def one_host_fault(cluster, reliability, fault: str, inject, undo, after: int, horovodrun_args=(),
+                   guard: float = HANG_GUARD, guard_after: float = HANG_GUARD) -> list[dict]:
+    """World of 3: ``inject(host)`` on rank 1's host, train at 2 within ``guard``; ``undo(host)``, train at
+    ``after`` within ``guard_after``.
+
+    The loss must be a failure the job rolled back from (an ``internal_error``
+    reset 3 -> 2); ends with :func:`finish_and_check`; returns the event log.
+    """
+    job = cluster.start_job(3, 2, 3, horovodrun_args=horovodrun_args)
+    cluster.wait_steps(job, size=3, steps=5)
+    host = victim_host(cluster, job, 3)
+    began = time.time()
+    inject(host)
+    cluster.wait_steps(job, size=2, steps=3, since=began, timeout=guard)
+    undone = time.time()
+    undo(host)
+    cluster.wait_steps(job, size=after, steps=3, since=undone, timeout=guard_after)
+    events = finish_and_check(cluster, job, reliability, fault)
+    assert ("internal_error", 3, 2) in resets(events), resets(events)
+    return events
+
+
 def resets(events: list[dict]) -> list[tuple]:
     return [(e["reason"], e["old_size"], e["new_size"]) for e in events if e["event"] == "reset"]
 
@@ -128,19 +150,9 @@ def test_all_workers_of_a_host_sigkill(tmp_path, reliability):
 
 
 def test_host_frozen_then_killed(cluster, reliability):
-    job = cluster.start_job(3, 2, 3)
-    cluster.wait_steps(job, size=3, steps=5)
-    host = victim_host(cluster, job, 3)
-    frozen = time.time()
-    cluster.bed.freeze(host)
-    # Survivors wait out the gloo timeout in their collective, then go on without it.
-    cluster.wait_steps(job, size=2, since=frozen, timeout=HANG_GUARD)
-    cluster.bed.crash(host)
-    cluster.bed.thaw(host)
-    progress = cluster.wait_steps(job, size=2, steps=3, since=time.time(), timeout=HANG_GUARD)
-    assert progress["size"] == 2
-    events = finish_and_check(cluster, job, reliability, "host frozen (SIGSTOP) then killed")
-    assert ("internal_error", 3, 2) in resets(events), resets(events)
+    # Survivors leave their collective (the lost-host cut, or the Gloo timeout), then go on without it.
+    one_host_fault(cluster, reliability, "host frozen (SIGSTOP) then killed", cluster.bed.freeze,
+                   lambda host: (cluster.bed.crash(host), cluster.bed.thaw(host)), after=2)
 
 
 def test_host_drained_shrinks_without_rollback_and_rejoins(cluster, reliability):
@@ -206,18 +218,9 @@ def test_consul_down_20s_and_back(cluster, reliability):
 
 
 def test_partition_of_one_host_and_heal(cluster, reliability):
-    job = cluster.start_job(3, 2, 3, horovodrun_args=COOLDOWN)
-    cluster.wait_steps(job, size=3, steps=5)
-    host = victim_host(cluster, job, 3)
-    cut = time.time()
-    cluster.bed.partition(host)
-    cluster.wait_steps(job, size=2, steps=3, since=cut, timeout=HANG_GUARD)
-    healed = time.time()
-    cluster.bed.heal(host)
     # Healthy again in Consul and past the blacklist cooldown, the host rejoins.
-    cluster.wait_steps(job, size=3, steps=3, since=healed, timeout=HANG_GUARD)
-    events = finish_and_check(cluster, job, reliability, "partition of one host, then heal")
-    assert ("internal_error", 3, 2) in resets(events), resets(events)
+    one_host_fault(cluster, reliability, "partition of one host, then heal", cluster.bed.partition, cluster.bed.heal,
+                   after=3, horovodrun_args=COOLDOWN)
 
 
 def test_whole_job_sigkill_mid_checkpoint_write_then_restart(cluster, reliability):
@@ -258,12 +261,5 @@ def test_survivors_below_min_np_then_a_new_host_arrives(cluster, reliability):
 
 def test_frozen_host_thawed_job_still_finishes(cluster, reliability):
     """A hung host that comes back (SIGCONT) instead of dying: its stale workers must not corrupt the job."""
-    job = cluster.start_job(3, 2, 3, horovodrun_args=COOLDOWN)
-    cluster.wait_steps(job, size=3, steps=5)
-    host = victim_host(cluster, job, 3)
-    frozen = time.time()
-    cluster.bed.freeze(host)
-    cluster.wait_steps(job, size=2, steps=3, since=frozen, timeout=HANG_GUARD)
-    cluster.bed.thaw(host)
-    cluster.wait_steps(job, size=2, steps=3, since=time.time(), timeout=HANG_GUARD)
-    finish_and_check(cluster, job, reliability, "host frozen, then thawed")
+    one_host_fault(cluster, reliability, "host frozen, then thawed", cluster.bed.freeze, cluster.bed.thaw, after=2,
+                   horovodrun_args=COOLDOWN)
