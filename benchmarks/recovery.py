@@ -11,6 +11,9 @@ and the fourth is the one that joins.  Two modes, interleaved round by round
 * hvd-elastic/dev -- the same on the project's dev agent (``--consul consul,dev``,
   the default, measures both in the same run; the bed holds one Consul at a
   time, so each round builds the cluster once per Consul, in alternating order);
+* hvd-elastic/standby -- with ``--standby``: the same on HashiCorp Consul, every
+  host running a warm ``hvd-elastic standby`` that its node agent waits for and
+  that forks the workers (``hvd-elastic exec``), in a cluster of its own;
 * horovod     -- stock Horovod elastic (``TorchState`` + ``ElasticSampler`` +
   ``hvd.elastic.run``) with a plain host-file discovery script, the way
   Horovod's own tests drive membership.
@@ -39,7 +42,8 @@ and counted as not recovered.
 Reported per event and mode: median (p10-p90) seconds over ``--rounds``, the
 paired ratio hvd-elastic / horovod, the steps rolled back, for a join also the
 time from the joiner's registration in Consul (its node agent's start-up is the
-host booting, which a host-file edit skips), and for hvd-elastic
+host booting, which a host-file edit skips), the survivors' pause (last committed
+step at the old size -> first at the new one), and for hvd-elastic
 a per-phase breakdown read from the event log (detection, interrupt,
 re-initialisation = rendezvous with any new worker, sync, first step) and the
 joining worker's own start-up.  Writes ``benchmarks/results/recovery.json``.
@@ -66,8 +70,11 @@ from hvd_elastic.testbed.netns import unavailable_reason
 from hvd_elastic.training.events import EventLog
 
 EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition", "freeze")
-MODES = ("hvd-elastic", "hvd-elastic/dev", "horovod")
-CONSULS = {"consul": ("hvd-elastic", "horovod"), "dev": ("hvd-elastic/dev",)}  # the baseline needs no Consul
+MODES = ("hvd-elastic", "hvd-elastic/dev", "hvd-elastic/standby", "horovod")
+# The clusters a round builds, and the modes each runs: the baseline needs no Consul, standbys a cluster of their own.
+CONSULS = {"consul": ("hvd-elastic", "horovod"), "dev": ("hvd-elastic/dev",)}
+CLUSTERS = {**CONSULS, "standby": ("hvd-elastic/standby",)}
+STANDBY = "bench"
 JOINER = "hvdtb4"
 BASE_HOSTS = ("hvdtb1", "hvdtb2", "hvdtb3")
 COOLDOWN = ("--blacklist-cooldown-range", "2", "3")
@@ -144,7 +151,8 @@ class Round:
                       "from_registration": recovery_cap()}
         else:
             sample = {"seconds": first["time"] - t0, "recovered": True, "rolled_back": self._rolled_back(t0, first),
-                      "host": victim, "from_registration": first["time"] - registered}
+                      "host": victim, "from_registration": first["time"] - registered,
+                      "pause": first["time"] - self._last_step(old, first["time"])}
             if consul:
                 sample["phases"] = self._phases(t0, first, joined=event == "join")
         self._undo(event, victim, old)
@@ -175,6 +183,10 @@ class Round:
         elif event == "freeze":
             c.bed.thaw(victim)
         c.wait_steps(self.job, size=size, steps=3, since=t, timeout=WAIT)
+
+    def _last_step(self, size: int, before: float) -> float:
+        """When the last step at world ``size`` committed before wall time ``before``."""
+        return max(r["time"] for r in self.cluster.progress(self.job) if r["size"] == size and r["time"] < before)
 
     def _rolled_back(self, t0: float, first: dict) -> int:
         """Steps committed before the event that the new world trained again."""
@@ -227,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="HOROVOD_GLOO_TIMEOUT_SECONDS of every job (default %(default)s)")
     parser.add_argument("--ssh-keepalive", action="store_true",
                         help="give horovodrun's ssh keep-alives (ServerAliveInterval 2); default: OpenSSH's defaults")
+    parser.add_argument("--standby", action="store_true",
+                        help="also measure hvd-elastic with a warm standby on every host (HashiCorp Consul)")
     parser.add_argument("--json", type=Path, default=RESULTS / "recovery.json")
     args = parser.parse_args(argv)
     if args.gloo_timeout < 1:
@@ -244,20 +258,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recovery: cannot run: {reason}", file=sys.stderr)
         return 1
 
+    clusters = [*consuls, *(["standby"] if args.standby else [])]
     load_at_start = os.getloadavg()
     samples: dict[str, dict[str, list[dict]]] = {e: {m: [] for m in MODES} for e in events}
     with tempfile.TemporaryDirectory(prefix="hvd-elastic-recovery.") as tmp:
         for r in range(args.rounds):
-            for consul in (consuls if r % 2 == 0 else consuls[::-1]):
-                with ElasticCluster(Path(tmp) / f"{consul}-{r}", hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT,
-                                    consul=consul, ssh_keepalive=args.ssh_keepalive) as cluster:
-                    cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)])
-                    cluster.agents[JOINER].stop()  # the joiner is not there at start
-                    modes = CONSULS[consul]
+            for kind in (clusters if r % 2 == 0 else clusters[::-1]):
+                standby = {"standby": STANDBY, "preload": "psutil"} if kind == "standby" else {}
+                with ElasticCluster(Path(tmp) / f"{kind}-{r}", hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT,
+                                    consul="dev" if kind == "dev" else "consul", ssh_keepalive=args.ssh_keepalive,
+                                    **standby) as cluster:
+                    cluster.wait_discovered([f"{h}:1" for h in (*BASE_HOSTS, JOINER)], timeout=WAIT)
+                    cluster.agents[JOINER].stop()  # the joiner is not there at start (its standby, if any, is)
+                    modes = CLUSTERS[kind]
                     for mode in (modes if r % 2 == 0 else modes[::-1]):
                         run_round(cluster, mode, Path(tmp) / f"{mode.replace('/', '-')}-{r}", events, samples, r)
 
-    rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "consuls": consuls,
+    rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "clusters": clusters,
                         "ssh_keepalive": args.ssh_keepalive, "recovery_cap_s": recovery_cap(), "events": {}}
     for event in events:
         base = [s["seconds"] for s in samples[event]["horovod"]]
@@ -269,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         entry["phases_median_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]} if phases else {}
         entry["not_recovered"] = {m: sum(not s.get("recovered", True) for s in samples[event][m]) for m in MODES}
         report["events"][event] = entry
+        warm = [s["seconds"] for s in samples[event]["hvd-elastic/standby"]]
+        if warm and ours:
+            rows.append(Row(f"{event}: hvd-elastic, standby", spread(warm), baseline=f"{ours_mode}, {event}",
+                            ratio=paired_ratio(warm, ours)))
         dev = [s["seconds"] for s in samples[event]["hvd-elastic/dev"]]
         if dev and ours_mode == "hvd-elastic":
             rows.append(Row(f"{event}: hvd-elastic, dev agent", spread(dev), baseline=f"hvd-elastic, Consul, {event}",
@@ -281,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                 registered = [s["from_registration"] for s in samples[event][ours_mode]]
                 rows.append(Row("join from registration: hvd-elastic", spread(registered),
                                 baseline="horovod + host file, join", ratio=paired_ratio(registered, base)))
+                base_pause = [s["pause"] for s in samples[event]["horovod"] if "pause" in s]
+                if base_pause:
+                    rows.append(Row("join, survivors' pause: horovod + host file", spread(base_pause)))
+                for mode in ("hvd-elastic", "hvd-elastic/standby"):
+                    pause = [s["pause"] for s in samples[event][mode] if "pause" in s]
+                    if pause and base_pause:
+                        rows.append(Row(f"join, survivors' pause: {mode}", spread(pause),
+                                        baseline="horovod + host file, pause", ratio=paired_ratio(pause, base_pause)))
         else:
             rows.append(Row(f"{event}: {ours_mode} (no baseline)", spread(ours)))
     report["rows"] = rows

@@ -15,6 +15,10 @@ this module first, about the sessions it would end:
   :data:`PROBE_S` means the host's kernel and sshd run: it answers.  A
   partitioned host answers nothing, and a frozen one's kernel may accept the
   connection but its sshd never speaks.
+  An ssh client with no established TCP connection of its own (still
+  connecting, multiplexed through a ControlMaster, or tunnelled through a
+  ProxyCommand/ProxyJump) cannot be probed: it does not answer, as before this
+  check existed -- a hang costs more than a rollback.
 - a local session (no ssh client: the host is this machine): it answers while
   any of the session's leaf processes (the workers) is not stopped.
 
@@ -33,13 +37,10 @@ _GREETING = b"SSH-"
 _NOT_RUNNING = frozenset("TtZXx")  # stopped, traced, zombie, dead
 
 
-def _ssh_peer(members: dict[int, procfs.Stat]) -> tuple[str, int] | None:
-    """(address, port) of the established TCP connection of the session's ssh client, if it has one."""
-    for pid, st in members.items():
-        if st.comm == "ssh":
-            for peer in procfs.established_peers(pid):
-                return peer
-    return None
+def _ssh_clients(members: dict[int, procfs.Stat]) -> list[int]:
+    """The session's own ssh clients (not one that a ProxyJump client started)."""
+    return [pid for pid, st in members.items()
+            if st.comm == "ssh" and getattr(members.get(st.ppid), "comm", None) != "ssh"]
 
 
 def sshd_greets(address: str, port: int, timeout: float = PROBE_S) -> bool:
@@ -68,8 +69,11 @@ def answers(sids: list[int]) -> tuple[bool, str]:
     """Whether the host behind horovodrun's sessions ``sids`` answers, and how that was told (module docstring)."""
     wanted = set(sids)
     members = {pid: st for pid, st in procfs.all_stats().items() if st.sid in wanted}
-    peer = _ssh_peer(members)
-    if peer is not None:
+    clients = _ssh_clients(members)
+    if clients:
+        peer = next((peer for pid in clients for peer in procfs.established_peers(pid)), None)
+        if peer is None:  # still connecting, or through a ControlMaster or a proxy: nothing of its own to probe
+            return False, "its ssh client holds no established connection of its own to probe"
         address, port = peer
         greeted = sshd_greets(address, port)
         return greeted, f"its sshd at {address}:{port} {'greeted' if greeted else f'did not greet within {PROBE_S:.0f} s'}"

@@ -68,11 +68,16 @@ class ElasticCluster:
             the hosts, e.g. Slurm worker jobs, :mod:`.slurm`).
         ssh_keepalive: horovodrun's ssh with keep-alives (ends a lost host's session in
             about 6 s); False is OpenSSH's default client configuration (none).
+        standby: every host runs ``hvd-elastic standby --name STANDBY`` (preloading
+            ``preload``), its node agent announces it only once that answers
+            (``--standby``), and workers start through ``hvd-elastic exec``.  The
+            socket directory is host-local on every host, as ``/run/user`` is.
+        preload: the standby's ``--preload`` modules.
     """
 
     def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
                  acl_token: str | None = None, consul: str = "consul", node_agents: bool = True,
-                 ssh_keepalive: bool = True):
+                 ssh_keepalive: bool = True, standby: str | None = None, preload: str = ""):
         if consul not in ("consul", "dev"):
             raise ValueError(f"consul must be 'consul' or 'dev', got {consul!r}")
         self.consul_kind = consul
@@ -84,6 +89,11 @@ class ElasticCluster:
         self.bed = NetnsBed(self.workdir / "bed", hosts, ssh_keepalive=ssh_keepalive)
         self.consul: ConsulCluster | DevCluster | None = None
         self.agents: dict[str, Job] = {}
+        self.standby, self.preload = standby, preload
+        # Under a host-local directory on every host (NetnsBed.host_local_dir), as $XDG_RUNTIME_DIR/hvd-elastic is;
+        # the standby makes its own directory 0700 (a tmpfs's root is 1777, which it refuses).
+        self.standby_dir = self.workdir / "run" / "hvd-elastic"
+        self.standbys: dict[str, Job] = {}
         self.jobs: list[Job] = []
         self._initial = hosts
         self.acl_token = acl_token
@@ -120,7 +130,7 @@ class ElasticCluster:
 
     def close(self) -> None:
         try:
-            for job in [*self.jobs, *self.agents.values()]:
+            for job in [*self.jobs, *self.agents.values(), *self.standbys.values()]:
                 job.kill()
             if self.consul is not None:
                 self.consul.stop()
@@ -146,14 +156,33 @@ class ElasticCluster:
                 self.consul.start_node(host)
 
     def start_agent(self, host: str) -> Job:
-        """Start (or restart) the node agent of ``host`` inside its namespace (and its Consul agent, if it died)."""
+        """Start (or restart) the node agent of ``host`` inside its namespace (and its Consul agent, if it died;
+        with ``standby``, the host's standby first, if it is not running)."""
         if host in self.agents:
             self.agents[host].kill()
         self.ensure_consul_agent(host)
+        if self.standby and not (host in self.standbys and self.standbys[host].running()):
+            self.start_standby(host)
+        waits = ["--standby", self.standby] if self.standby else []
         job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent", "--http-addr", self.consul_addr(host),
-                                     "--slots", str(self.slots), *self.node_agent_health_arguments()]),
-                  env=child_env(**self.consul_env), logdir=self.workdir / "logs", name=f"node-agent.{host}")
+                                     "--slots", str(self.slots), *self.node_agent_health_arguments(), *waits],
+                              mount=bool(self.standby)),
+                  env=child_env(**self.consul_env, **self.standby_env()), logdir=self.workdir / "logs",
+                  name=f"node-agent.{host}")
         self.agents[host] = job.start()
+        return job
+
+    def standby_env(self) -> dict[str, str]:
+        return {"HVD_ELASTIC_STANDBY_DIR": str(self.standby_dir)} if self.standby else {}
+
+    def start_standby(self, host: str) -> Job:
+        """``hvd-elastic standby`` on ``host``, in its mount namespace, its socket in the host's own directory."""
+        if host not in self.standbys:  # a host's directory is made once; a restarted standby reuses it
+            self.bed.host_local_dir(host, self.standby_dir.parent)
+        preload = ["--preload", self.preload] if self.preload else []
+        job = Job(self.bed.on(host, [HVD_ELASTIC, "standby", "--name", self.standby, *preload], mount=True),
+                  env=child_env(**self.standby_env()), logdir=self.workdir / "logs", name=f"standby.{host}")
+        self.standbys[host] = job.start()
         return job
 
     def node_agent_health_arguments(self) -> list[str]:
@@ -224,10 +253,11 @@ class ElasticCluster:
         self.jobs.append(job)
         return job.start()
 
-    @staticmethod
-    def job_arguments(out: Path, horovodrun_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> list[str]:
-        """horovodrun's arguments after its discovery and sizes: the bed's network, then the training worker."""
-        return ["--network-interface", "eth0", *horovodrun_args,
+    def job_arguments(self, out: Path, horovodrun_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> list[str]:
+        """horovodrun's arguments after its discovery and sizes: the bed's network, then the training worker
+        (through the host's standby, with ``standby``)."""
+        through = [str(HVD_ELASTIC), "exec", "--standby", self.standby, "--"] if self.standby else []
+        return ["--network-interface", "eth0", *horovodrun_args, *through,
                 str(VENV_BIN / "python"), "-m", "hvd_elastic.testbed.worker", "--out", str(out), *worker_args]
 
     def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -236,7 +266,7 @@ class ElasticCluster:
         # A GPU node's workers read their own node's agent at the default address; the bed's agents
         # each listen on their host's address, and every host reaches the launcher's.
         settings = {"CONSUL_HTTP_ADDR": self.consul_addr(), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.gloo_timeout),
-                    "HOROVOD_ELASTIC_TIMEOUT": "120", **self.consul_env, **(extra or {})}
+                    "HOROVOD_ELASTIC_TIMEOUT": "120", **self.consul_env, **self.standby_env(), **(extra or {})}
         return self.bed.env(child_env(discovery_state=out / "discovery-state", **settings))
 
     @staticmethod

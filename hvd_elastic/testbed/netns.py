@@ -101,9 +101,10 @@ class Host:
     def netns(self) -> str:
         return self.name
 
-    def enter(self) -> list[str]:
-        """Command prefix that runs a program on this host (its network and UTS namespaces)."""
-        return ["nsenter", f"--target={self.sshd.pid}", "--net", "--uts", "--"]
+    def enter(self, mount: bool = False) -> list[str]:
+        """Command prefix that runs a program on this host (its network and UTS namespaces; with ``mount``, also
+        its mount namespace, where :meth:`NetnsBed.host_local_dir` directories are the host's own)."""
+        return ["nsenter", f"--target={self.sshd.pid}", "--net", "--uts", *(["--mount"] if mount else []), "--"]
 
 
 class NetnsBed:
@@ -245,9 +246,9 @@ class NetnsBed:
         """``base`` with the bed's ssh wrapper first on PATH (for horovodrun on the launcher)."""
         return dict(base, PATH=f"{self.workdir / 'bin'}{os.pathsep}{base.get('PATH', '')}")
 
-    def on(self, host: str | Host, cmd: Iterable[str]) -> list[str]:
-        """``cmd`` prefixed so that it runs on ``host`` (launcher included)."""
-        return [*self._host(host).enter(), *map(str, cmd)]
+    def on(self, host: str | Host, cmd: Iterable[str], mount: bool = False) -> list[str]:
+        """``cmd`` prefixed so that it runs on ``host`` (launcher included); ``mount``: see :meth:`Host.enter`."""
+        return [*self._host(host).enter(mount), *map(str, cmd)]
 
     def run(self, host: str | Host, cmd: Iterable[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.on(host, cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
@@ -256,7 +257,7 @@ class NetnsBed:
         """Make ``path`` a directory of ``host``'s own: an empty tmpfs over it in the host's mount namespace.
 
         What runs over ssh on ``host`` (its workers) sees the tmpfs; every other host, the
-        launcher's ssh-less commands (:meth:`run`, :meth:`on`) and this process see ``path``
+        launcher's ssh-less commands (:meth:`run`, :meth:`on` without ``mount``) and this process see ``path``
         as it is.  The mount goes with the host's namespace at teardown.
         """
         target = self._host(host)

@@ -147,3 +147,27 @@ def test_procfs_reads_this_process_and_its_connections(listener):
     with socket.create_connection(("127.0.0.1", port)):
         assert ("127.0.0.1", port) in procfs.established_peers(os.getpid())
     assert procfs.stat(2 ** 22 + 1) is None, "a pid that is not there"
+
+
+def test_an_ssh_client_without_a_connection_of_its_own_does_not_answer(tmp_path, session):
+    # A ControlMaster's mux client or a ProxyCommand's: no TCP connection to probe.
+    link = tmp_path / "ssh"
+    link.symlink_to(sys.executable)
+    proc = session(str(link), "-c", "print('up', flush=True); import time; time.sleep(60)")
+    assert proc.stdout.readline().strip() == "up"
+    assert host_answers.answers([proc.pid]) == (False, "its ssh client holds no established connection of its own "
+                                                       "to probe")
+
+
+def test_a_proxyjump_clients_connection_to_the_jump_host_is_not_taken_for_the_host(tmp_path, session, listener):
+    port, _ = listener  # the jump host's sshd greets; the host behind it is not asked
+    link = tmp_path / "ssh"
+    link.symlink_to(sys.executable)
+    jump = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port})); print('up', flush=True); "
+            "time.sleep(60)")
+    code = (f"import subprocess, sys; p = subprocess.Popen([{str(link)!r}, '-c', {jump!r}], stdout=subprocess.PIPE, "
+            "text=True); print(p.stdout.readline().strip(), flush=True); p.wait()")
+    proc = session(str(link), "-c", code)
+    assert proc.stdout.readline().strip() == "up"
+    alive, how = host_answers.answers([proc.pid])
+    assert alive is False and "no established connection of its own" in how
