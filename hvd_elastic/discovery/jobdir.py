@@ -22,10 +22,21 @@ from __future__ import annotations
 import os
 
 
+def stat_fields(pid: int) -> tuple[bytes, list[bytes]]:
+    """``/proc/<pid>/stat`` as (comm, the fields after it: state, ppid, ...); raises OSError/ValueError/IndexError.
+
+    The name is taken between the first `` (`` and the last ``)``: it may hold
+    either itself.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read()
+    comm, tail = raw.split(b" (", 1)[1].rsplit(b")", 1)
+    return comm, tail.split()
+
+
 def proc_stat(pid: int) -> tuple[int, str]:
     """(parent pid, start time in clock ticks) of a process from ``/proc``; raises OSError/ValueError."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
+    fields = stat_fields(pid)[1]
     return int(fields[1]), fields[19].decode("ascii")
 
 
@@ -58,9 +69,8 @@ def alive(pid: int, started: str) -> bool:
     container's init may never do so).
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
+        fields = stat_fields(pid)[1]
+    except (OSError, IndexError):
         return False
     return len(fields) > 19 and fields[0] not in (b"Z", b"X") and fields[19].decode("ascii") == started
 

@@ -11,6 +11,8 @@ import os
 import socket
 from typing import NamedTuple
 
+from hvd_elastic.discovery import jobdir
+
 _ESTABLISHED = "01"  # the st column of /proc/net/tcp (include/net/tcp_states.h)
 
 
@@ -24,11 +26,8 @@ class Stat(NamedTuple):
 def stat(pid: int) -> Stat | None:
     """``/proc/<pid>/stat``, the fields above; None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        head, tail = raw.split(b" (", 1)[1].rsplit(b")", 1)
-        fields = tail.split()
-        return Stat(head.decode("utf-8", "replace"), fields[0].decode("ascii"), int(fields[1]), int(fields[3]))
+        comm, fields = jobdir.stat_fields(pid)
+        return Stat(comm.decode("utf-8", "replace"), fields[0].decode("ascii"), int(fields[1]), int(fields[3]))
     except (OSError, ValueError, IndexError):
         return None
 

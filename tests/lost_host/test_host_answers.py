@@ -81,13 +81,18 @@ def session(tmp_path):
         proc.wait()
 
 
-def fake_ssh(tmp_path, start, port: int) -> subprocess.Popen:
+def ssh_link(tmp_path) -> str:
+    """This interpreter under the name ``ssh``: its processes' comm is "ssh"."""
     link = tmp_path / "ssh"
     if not link.exists():
         link.symlink_to(sys.executable)
+    return str(link)
+
+
+def fake_ssh(tmp_path, start, port: int) -> subprocess.Popen:
     code = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port})); print('up', flush=True); "
             "time.sleep(60)")
-    proc = start(str(link), "-c", code)
+    proc = start(ssh_link(tmp_path), "-c", code)
     assert proc.stdout.readline().strip() == "up"
     assert psutil.Process(proc.pid).name() == "ssh", "the probe knows an ssh client by its name"
     return proc
@@ -151,9 +156,7 @@ def test_procfs_reads_this_process_and_its_connections(listener):
 
 def test_an_ssh_client_without_a_connection_of_its_own_does_not_answer(tmp_path, session):
     # A ControlMaster's mux client or a ProxyCommand's: no TCP connection to probe.
-    link = tmp_path / "ssh"
-    link.symlink_to(sys.executable)
-    proc = session(str(link), "-c", "print('up', flush=True); import time; time.sleep(60)")
+    proc = session(ssh_link(tmp_path), "-c", "print('up', flush=True); import time; time.sleep(60)")
     assert proc.stdout.readline().strip() == "up"
     assert host_answers.answers([proc.pid]) == (False, "its ssh client holds no established connection of its own "
                                                        "to probe")
@@ -161,13 +164,12 @@ def test_an_ssh_client_without_a_connection_of_its_own_does_not_answer(tmp_path,
 
 def test_a_proxyjump_clients_connection_to_the_jump_host_is_not_taken_for_the_host(tmp_path, session, listener):
     port, _ = listener  # the jump host's sshd greets; the host behind it is not asked
-    link = tmp_path / "ssh"
-    link.symlink_to(sys.executable)
+    link = ssh_link(tmp_path)
     jump = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port})); print('up', flush=True); "
             "time.sleep(60)")
-    code = (f"import subprocess, sys; p = subprocess.Popen([{str(link)!r}, '-c', {jump!r}], stdout=subprocess.PIPE, "
+    code = (f"import subprocess, sys; p = subprocess.Popen([{link!r}, '-c', {jump!r}], stdout=subprocess.PIPE, "
             "text=True); print(p.stdout.readline().strip(), flush=True); p.wait()")
-    proc = session(str(link), "-c", code)
+    proc = session(link, "-c", code)
     assert proc.stdout.readline().strip() == "up"
     alive, how = host_answers.answers([proc.pid])
     assert alive is False and "no established connection of its own" in how
