@@ -7,7 +7,7 @@ bootstrap:
 	./scripts/bootstrap.sh
 
 demo: bootstrap
-	$(VENV)/bin/hvd-elastic demo
+	$(VENV)/bin/hvd-elastic demo --consul dev
 
 test: bootstrap
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

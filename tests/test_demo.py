@@ -97,15 +97,17 @@ def run_demo(*args: str, marker: str, log_path, wait: float = DEMO_WAIT_S,
 
 
 @pytest.mark.slow
-def test_demo_goes_through_every_event_and_every_check_holds(tmp_path):
+def test_demo_goes_through_every_event_and_every_check_holds(tmp_path, consul_kind):
     marker = str(tmp_path / "discovery-state")
     work = tmp_path / "work"
     code, lingering = run_demo("--workdir", str(work), "--epochs", "3", "--phase-steps", "4", "--step-delay", "0.25",
-                               "--timeout", str(PHASE_TIMEOUT_S), marker=marker, log_path=tmp_path / "demo.log")
+                               "--timeout", str(PHASE_TIMEOUT_S), "--consul", consul_kind, marker=marker,
+                               log_path=tmp_path / "demo.log")
     output = (tmp_path / "demo.log").read_text()
     assert code is not None, f"demo still running after {DEMO_WAIT_S}s (killed):\n{output[-3000:]}"
     assert code == 0, output[-6000:]
     assert "demo OK" in output
+    assert ("Consul: HashiCorp Consul" if consul_kind == "consul" else "Consul: the embedded dev agent") in output
     assert not lingering, f"processes left running after the demo exited: {lingering}"
     assert "\r" not in output  # no live status line when stdout is not a terminal
 
@@ -212,3 +214,21 @@ def test_status_line_on_a_terminal_only(tmp_path):
             assert "\r\x1b[K[demo " in lines  # the event line first clears the status line
         else:
             assert "\r" not in lines and lines.strip().endswith("drained") and lines.count("\n") == 1
+
+
+@pytest.mark.parametrize("choice, reason, kind", [
+    ("auto", None, "consul"), ("auto", "no binary", "dev"), ("dev", None, "dev"), ("consul", None, "consul"),
+])
+def test_consul_choice(monkeypatch, choice, reason, kind):
+    from hvd_elastic.demo import command
+
+    monkeypatch.setattr(command, "unavailable_reason", lambda: reason)
+    assert command._consul_kind(choice) == kind
+
+
+def test_consul_consul_without_the_binary_is_refused_naming_why(monkeypatch):
+    from hvd_elastic.demo import command
+
+    monkeypatch.setattr(command, "unavailable_reason", lambda: "no real Consul at .venv/bin/consul")
+    with pytest.raises(ValueError, match="--consul consul: no real Consul at .venv/bin/consul"):
+        command._consul_kind("consul")

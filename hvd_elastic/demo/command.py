@@ -2,10 +2,13 @@
 
 Everything runs on this machine, the way ``consul agent -dev`` runs Consul:
 
-1. an embedded Consul-compatible dev agent simulates three nodes: ``localhost``
-   and ``127.0.0.1`` (horovodrun treats them as two hosts, both local) and a
-   spare that joins later (this machine's host name, or ``--spare-host``: any
-   name of a local address, which horovodrun also runs locally);
+1. Consul for three nodes: ``localhost`` and ``127.0.0.1`` (horovodrun treats
+   them as two hosts, both local) and a spare that joins later (this machine's
+   host name, or ``--spare-host``: any name of a local address, which
+   horovodrun also runs locally).  HashiCorp Consul (a server agent and a
+   client agent per node, on loopback) when bootstrap fetched its binary, else
+   the embedded Consul-compatible dev agent; ``--consul`` chooses, and the demo
+   says which it runs on;
 2. a node agent per started node registers the training service with one slot
    and keeps a TTL check passing;
 3. ``horovodrun`` runs :mod:`hvd_elastic.demo.train` (a CNN on scikit-learn's
@@ -45,6 +48,7 @@ from hvd_elastic.options import non_negative_float, positive_float, positive_int
 from hvd_elastic.testbed import (CONSUL_HOSTS, HVD_ELASTIC, Job, JobError, JsonLines, child_env, horovodrun_elastic,
                                  start_node_agent, wait_until)
 from hvd_elastic.testbed.job import MARK_ENV
+from hvd_elastic.testbed.realconsul import CONSUL, consul_cluster, unavailable_reason
 
 from . import schedule
 from .digits import read_result, steps_per_epoch
@@ -85,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
                         help="start workers from a warm standby (hvd-elastic standby), so a join does not stop the "
                              "survivors for the newcomer's imports; --no-standby starts them directly (default on)")
+    parser.add_argument("--consul", choices=("auto", "dev", "consul"), default="auto",
+                        help="what the nodes register in: HashiCorp Consul agents (a server and a client agent per "
+                             "node, the binary bootstrap fetched), the embedded dev agent, or auto: HashiCorp's when "
+                             "its binary is there, else the dev agent (default %(default)s)")
     parser.add_argument("--timeout", type=positive_float, default=180.0,
                         help="seconds each phase may take before the demo gives up (default %(default)s)")
 
@@ -94,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         spare = _spare_host(args.spare_host)
         events = schedule.plan(schedule.parse(args.events), list(START_HOSTS), [spare] if spare else [], MIN_NP)
         _check_budget(events, args)
+        consul = _consul_kind(args.consul)
     except (schedule.ScheduleError, ValueError) as exc:
         print(f"hvd-elastic demo: {exc}", file=sys.stderr)
         return 2
@@ -108,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so every process the demo started is ended (hvd-elastic exits 130).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_demo(args, workdir, events, [spare] if spare else [], console)
+        run_demo(args, workdir, events, [spare] if spare else [], console, consul)
         passed = _summary(args, workdir, console)
     except DemoFailed as exc:
         console.say(f"FAILED: {exc}")
@@ -291,13 +300,22 @@ def _stop_gracefully(agent: Job) -> None:
         agent.stop(timeout=10)
 
 
-def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str], console: Console) -> None:
-    """Start everything, work through ``events``, wait for the end; everything started is ended on every path."""
-    from hvd_elastic.devagent import DevCluster
+def _consul_kind(choice: str) -> str:
+    """The Consul ``--consul`` names: "consul" or "dev"; ValueError when HashiCorp's was asked for and cannot run."""
+    reason = unavailable_reason()
+    if choice == "consul" and reason:
+        raise ValueError(f"--consul consul: {reason}")
+    return "dev" if choice == "dev" or (choice == "auto" and reason) else "consul"
 
+
+def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str], console: Console,
+             consul: str = "dev") -> None:
+    """Start everything, work through ``events``, wait for the end; everything started is ended on every path."""
     # The ExitStack ends everything the demo started, last started first: jobs, then node agents
-    # (gracefully, then for sure), then the reference run; the dev agent last.
-    with DevCluster(nodes=[*START_HOSTS, *spares]) as cluster, contextlib.ExitStack() as cleanup:
+    # (gracefully, then for sure), then the reference run; Consul last.
+    with consul_cluster(consul, [*START_HOSTS, *spares]) as cluster, contextlib.ExitStack() as cleanup:
+        console.say(f"Consul: HashiCorp Consul ({CONSUL}), a server agent and a client agent per node"
+                    if consul == "consul" else "Consul: the embedded dev agent (hvd-elastic consul-dev), one node per host")
         demo = _Run(args, workdir, cluster, console, cleanup)
         reference = cleanup.enter_context(Job(
             [sys.executable, "-m", TRAIN_MODULE, "--out", workdir / "reference", "--epochs", args.epochs,

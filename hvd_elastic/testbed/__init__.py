@@ -9,13 +9,16 @@
 * :mod:`.records` -- reading the JSON-lines files workers write, incrementally;
   :class:`WorldSizes`, the world sizes a rank trained at.
 * :mod:`.consul` -- requests to a (dev) Consul agent and discovery runs as horovodrun makes them.
-* :mod:`.ledger` -- the exactly-once check over per-sample ledgers.
+* :mod:`.ledger` -- the exactly-once check over per-sample ledgers, and
+  :func:`~.ledger.run_problems`, every promise a finished run must keep.
 * :mod:`.netns`  -- :class:`NetnsBed`: several real hosts on one machine (network
   namespaces with their own address, sshd and host name) and the faults it can
   inject on them (crash, freeze, partition).
 * :mod:`.multihost` -- :class:`ElasticCluster`: the bed plus the dev Consul agent,
   a node agent in every host and an elastic horovodrun over ssh (drain, TTL expiry,
   host added, Consul outage on top of the bed's faults).
+* :mod:`.chaos`  -- :class:`Soak`: one long job under a seeded random stream of
+  overlapping faults of every kind above, judged like the fault matrix.
 * :mod:`.standby` -- :class:`StandbyProcess`: a real ``hvd-elastic standby`` with its
   own socket directory, and ``hvd-elastic exec`` commands through it.
 * :mod:`.worker` -- the training job those run (``python -m hvd_elastic.testbed.worker``),

@@ -135,3 +135,20 @@ def verdict(out: Path) -> Verdict:
         lost += sum(1 for i in everything if counts[i] == 0)
         duplicated += sum(c - 1 for c in counts.values() if c > 1)
     return Verdict(len(finals), rank0["epochs"], rank0["samples"], identical, lost, duplicated, errors)
+
+
+def run_problems(out: Path, result: Verdict | None = None) -> list[str]:
+    """Every broken promise of a finished run in ``out``: the :func:`verdict`'s ``problems()`` (``result``, if
+    already computed), a checkpoint that was reported durable and later skipped as invalid, a half-written
+    checkpoint left in ``out/ckpt``, and an event log that does not end with ``finish``."""
+    from hvd_elastic.training.events import EventLog  # the ledger alone needs nothing of the training package
+
+    found = (result or verdict(out)).problems()
+    events = EventLog.read(Path(out) / "events.jsonl")
+    durable = {e.get("path") for e in events if e["event"] == "checkpoint"}
+    found += [f"checkpoint {e.get('path')} was reported durable, then skipped: {e.get('reason')}"
+              for e in events if e["event"] == "checkpoint_skipped" and e.get("path") in durable]
+    found += [f"half-written checkpoint {p.name} left behind" for p in (Path(out) / "ckpt").glob(".tmp-*")]
+    if not events or events[-1]["event"] != "finish":
+        found.append(f"the event log ends with {events[-1]['event'] if events else 'nothing'}, not finish")
+    return found

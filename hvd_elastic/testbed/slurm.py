@@ -283,7 +283,8 @@ class SlurmCluster:
         out.mkdir(parents=True, exist_ok=True)
         env = elastic.job_env(out, {"CONSUL_HTTP_ADDR": elastic.consul_addr(LAUNCHER),
                                     "HVD_ELASTIC_HOROVODRUN": str(VENV_BIN / "horovodrun"),
-                                    "HVD_ELASTIC_DISCOVERY": str(VENV_BIN / "consul_hosts")})
+                                    "HVD_ELASTIC_DISCOVERY": str(VENV_BIN / "consul_hosts"),
+                                    "HVD_ELASTIC_BIN": str(VENV_BIN / "hvd-elastic")})
         args = ["-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
                 *elastic.job_arguments(out, horovodrun_args, worker_args)]
         return self.sbatch(SCRIPTS / "launcher.sbatch", *args, node=LAUNCHER, name="launcher", env=env, out=out)

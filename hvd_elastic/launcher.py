@@ -1,0 +1,153 @@
+"""``hvd-elastic launch [--max-restarts N] -- horovodrun ...``: horovodrun, relaunched when the job dies.
+
+Elastic horovodrun survives hosts that come and go, but Horovod still ends the
+whole job when every worker of one round fails.  One lost host can cause that:
+a worker still inside ``hvd.init()`` when a peer dies cannot reset, it aborts
+once the Gloo rendezvous times out, so a host lost during a rendezvous (a job's
+start, any reset) fails the whole round and horovodrun exits ("failure count ==
+N -> stop running"; horovod/horovod#3264).  The chaos soak meets this about once
+in 60 overlapping faults.  A Kubernetes Job relaunches its launcher pod
+(``backoffLimit``); this is the same for a launcher that nothing relaunches
+(bare metal, a Slurm allocation): with ``@hvd_elastic.run`` and a checkpoint
+directory, the new job resumes from the newest durable checkpoint.
+
+Contracts:
+
+* the command exits 0: done, exit 0;
+* it ends any other way (a code, a signal) and restarts remain: one stderr line
+  naming how it ended and horovodrun's reason, ``--restart-delay`` seconds, then
+  the same command again, with ``HVD_ELASTIC_LAUNCH_ATTEMPT`` (0 the first
+  time) in its environment;
+* exit 2, a usage error, is never relaunched: it would fail the same way;
+* SIGTERM, SIGINT and SIGHUP are passed on to the command, and nothing is
+  relaunched after one: a scheduler that stops the job stops it;
+* the exit code is the command's last (128 + N after signal N), 127 when it
+  cannot be started; if this process is SIGKILLed, the command gets SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_ENV = "HVD_ELASTIC_LAUNCH_ATTEMPT"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+REASON_MARKERS = ("stop running", "Error", "error")  # what names horovodrun's reason in its last lines
+TAIL_LINES = 200  # lines of the command's output kept to find its reason
+_PR_SET_PDEATHSIG = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-restarts", type=_count, default=3, metavar="N",
+                        help="relaunch a job that died at most N times (default %(default)s; 0: never)")
+    parser.add_argument("--restart-delay", type=_seconds, default=1.0, metavar="SECONDS",
+                        help="wait before each relaunch (default %(default)s)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="horovodrun and its arguments")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds >= 0")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        log.error("no command to launch (expected: hvd-elastic launch [--max-restarts N] -- horovodrun ...)")
+        return 2
+    return Launcher(command, args.max_restarts, args.restart_delay).run()
+
+
+class Launcher:
+    """Runs ``command`` until it succeeds, is stopped, or has died ``max_restarts`` + 1 times."""
+
+    def __init__(self, command: list[str], max_restarts: int, restart_delay: float):
+        self.command, self.max_restarts, self.restart_delay = command, max_restarts, restart_delay
+        self.child: subprocess.Popen | None = None
+        self.stopped_by: int | None = None
+
+    def run(self) -> int:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._stop)
+        attempt = 0
+        while True:
+            returncode, reason = self._attempt(attempt)
+            code = 128 - returncode if returncode < 0 else returncode
+            if code in (0, 2, 127) or self.stopped_by is not None:
+                return code
+            if attempt == self.max_restarts:
+                log.error("%s %s (%s); no restarts left (--max-restarts %d)", self.command[0], _ended(returncode),
+                          reason, self.max_restarts)
+                return code
+            attempt += 1
+            log.warning("%s %s (%s); relaunch %d of %d in %g s: it resumes from its newest checkpoint",
+                        self.command[0], _ended(returncode), reason, attempt, self.max_restarts, self.restart_delay)
+            time.sleep(self.restart_delay)
+            if self.stopped_by is not None:  # stopped during the delay
+                return code
+
+    def _attempt(self, attempt: int) -> tuple[int, str]:
+        """Run the command once, its output passed through; (its returncode, horovodrun's reason)."""
+        try:
+            # Its own process group: a terminal's Ctrl-C reaches this process only, which passes it on once.
+            self.child = subprocess.Popen(self.command, env={**os.environ, ATTEMPT_ENV: str(attempt)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
+                                          preexec_fn=_die_with_parent)
+        except OSError as exc:
+            log.error("cannot run %s: %s", self.command[0], exc.strerror or exc)
+            return 127, ""
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        with self.child.stdout as out:
+            for raw in iter(out.readline, b""):
+                os.write(1, raw)  # unbuffered: the job's log is the user's
+                tail.append(raw.decode(errors="replace").rstrip())
+        return self.child.wait(), _reason(tail)
+
+    def _stop(self, signum, frame) -> None:
+        self.stopped_by = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+
+def _reason(lines) -> str:
+    """The most telling of the command's last lines: Horovod's 'stop running' verdict, else an error line."""
+    lines = [line for line in lines if line.strip()]
+    for marker in REASON_MARKERS:
+        found = [line for line in lines if marker in line]
+        if found:
+            return found[-1].strip()[:300]
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def _ended(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"was killed by signal {-returncode}"
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: SIGTERM when this launcher dies, even of SIGKILL.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
