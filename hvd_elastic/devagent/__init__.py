@@ -59,6 +59,9 @@ a dead agent is marked critical after ``ConsulCluster.stop_node``               
 gossip's failure detection (~1-2 s)
 a follower's ``X-Consul-LastContact`` ``test_stale_reads_are_bounded_by_last_...``  kept: dev agent only (marked
 lag is simulated                                                                  ``dev_agent_only``)
+1.8.7 filters a restricted token's    ``test_consul_1_8_7_filters_without_...``   kept: the dev agent answers as
+rows but sends no ``X-Consul-Results-                                             Consul's API docs describe;
+Filtered-By-ACLs`` header                                                         README names the rules needed
 ====================================  ==========================================  ==================================
 """
 

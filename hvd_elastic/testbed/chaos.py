@@ -28,7 +28,9 @@ Contracts:
   (:mod:`hvd_elastic.launcher`), which relaunches it; the soak logs each
   relaunch as ``job-died`` with horovodrun's reason.
 * **Bounded.** The soak fails (:class:`SoakFailure`, with the job's log tail)
-  when the job ends (past ``relaunches``) or no step commits for ``bound`` s.
+  when the job ends (past ``relaunches``) or no step commits for ``hang_limit``
+  seconds (a hang: the message lists every host's processes and their states);
+  a fault after which no step commits within ``bound`` is listed as slow.
 * **The verdict** (:meth:`Soak.finish`) is the matrix's, on the whole run:
   :func:`.ledger.run_problems`; the recovery figures come from
   :func:`hvd_elastic.report.timeline.build` over the same files.
@@ -65,14 +67,14 @@ log = logging.getLogger(__name__)
 WORKER = "hvd_elastic.testbed.worker --out"  # a training worker's command line (and its DataLoader workers')
 COOLDOWN = ("--blacklist-cooldown-range", "3", "5")  # without it Horovod blacklists a failed host for good
 CHAOS_LOG = "chaos.jsonl"  # the soak's whole log: injections, follow-ups and skips
-CHECKPOINT_WAIT_S = 30.0
-JOB_DIED = "job-died"  # the log's kind for horovodrun exiting by itself (relaunched, see Soak._job_died)
+CHECKPOINT_WAIT_S = 30.0  # how long checkpoint-cut waits for a write to begin before it is skipped
+JOB_DIED = "job-died"  # the log's kind for a relaunch by hvd-elastic launch (see Soak._note_relaunches)
 DETECT_S = 30.0  # a reset this soon after a fault is the fault's (the TTL, the lost-host cut and Gloo's 30 s fit)
-MAX_DRAWS = 4  # the schedule is drawn at most this many times per fault asked for  # how long checkpoint-cut waits for a write to begin before it is skipped
+MAX_DRAWS = 4  # the schedule is drawn at most this many times per fault asked for
 
 
 class SoakFailure(AssertionError):
-    """The job did not survive: horovodrun exited, or it stopped committing steps for ``bound`` seconds."""
+    """The job did not survive: it ended, or it stopped committing steps for ``hang_limit`` seconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +226,8 @@ class SoakConfig:
     min_np: int = 2
     max_impaired: int | None = None  # hosts impaired at once; default hosts - min_np
     hold: tuple[float, float] = (3.0, 20.0)  # seconds before each follow-up of a host fault
-    bound: float = 150.0  # a job without a committed step this long has not recovered
+    bound: float = 150.0  # a fault with no committed step this long after it is listed as slow
+    hang_limit: float = 600.0  # no committed step this long: the job hangs, the soak fails
     below_min_np: bool = False  # allow faults to take the job below min_np (it must then wait)
     relaunches: int = 10  # hvd-elastic launch --max-restarts: how often the job may die and be relaunched
     gloo_timeout: int = 30  # Horovod's default
@@ -306,7 +309,8 @@ class Soak:
         self.job = self.cluster.start_job(self.config.min_np, self.config.min_np, max_np, "--num-workers", "1",
                                           "--checkpoint-every", "5", out=self.out, horovodrun_args=COOLDOWN,
                                           max_restarts=self.config.relaunches)
-        self.cluster.wait_steps(self.job, size=len(self.state) * self.cluster.slots, steps=5, timeout=self.config.bound)
+        self.cluster.wait_steps(self.job, size=len(self.state) * self.cluster.slots, steps=5,
+                                timeout=self.config.hang_limit)
         return self.job
 
     def run(self) -> None:
@@ -318,15 +322,15 @@ class Soak:
         for number, (offset, kind) in enumerate(plan(self.config, MAX_DRAWS * self.config.faults)):
             if self.counts["injected"] == self.config.faults:
                 break
-            self.idle_while(lambda: time.monotonic() < begin + offset, offset + self.config.bound)
+            self.idle_while(lambda: time.monotonic() < begin + offset, offset + self.config.hang_limit)
             self.inject(number, kind)
         # The last follow-ups at their own time (a host thawed 20 s after its freeze), then the world at full size.
-        self.idle_while(lambda: bool(self.followups), 2 * self.config.hold[1] + self.config.bound)
+        self.idle_while(lambda: bool(self.followups), 2 * self.config.hold[1] + self.config.hang_limit)
         while self.followups:
             self._run_followup(self.followups.pop(0))
         full = len(self.state) * self.cluster.slots
         try:
-            self.cluster.wait_steps(self.job, size=full, steps=3, since=time.time(), timeout=self.config.bound)
+            self.cluster.wait_steps(self.job, size=full, steps=3, since=time.time(), timeout=self.config.hang_limit)
         except JobError as exc:
             raise SoakFailure(f"the job did not grow back to {full} once every fault was undone: {exc}") from None
 
@@ -362,7 +366,8 @@ class Soak:
         if fault.leaves and len(self.healthy()) - 1 < self.config.min_np and not self.config.below_min_np:
             raise Skip(f"{len(self.healthy())} healthy hosts: one fewer is below min_np {self.config.min_np}")
         if not healthy:
-            raise Skip("no healthy host to inject it on")
+            raise Skip("no healthy host runs a training worker" if fault.target == "member"
+                       else "no healthy host to inject it on")
         return self.rng.choice(sorted(healthy))
 
     def healthy(self) -> list[str]:
@@ -391,11 +396,12 @@ class Soak:
     def _watch(self) -> None:
         self._note_relaunches()
         if not self.job.running():
-            self._job_died()
+            self._job_ended()
         rows = self.job.progress.rows()
         last = rows[-1]["time"] if rows else self._launched
-        if time.time() - max(last, self._launched) > self.config.bound:
-            raise SoakFailure(f"no step committed for {self.config.bound:.0f} s (since {last:.1f})\n"
+        if time.time() - max(last, self._launched) > self.config.hang_limit:
+            raise SoakFailure(f"no step committed for {self.config.hang_limit:.0f} s (since {last:.1f})\n"
+                              f"{self.processes()}\n"
                               f"{self.job.log_tail()}")
 
     def processes(self) -> str:
@@ -408,7 +414,7 @@ class Soak:
                                  f"{' '.join(proc.cmdline())[:160]}")
         return "\n".join(lines)
 
-    def _job_died(self) -> None:
+    def _job_ended(self) -> None:
         raise SoakFailure(f"the job ended ({self.job.returncode}) during the soak after {self.counts['job_deaths']} "
                           f"relaunches\n{self.job.log_tail()}")
 
@@ -451,7 +457,7 @@ class Soak:
 
     def finish(self) -> dict:
         """Stop the job at an epoch's end; the summary (:func:`summarise`) with every broken promise in ``problems``."""
-        self.cluster.stop(self.job, timeout=self.config.bound + 120)
+        self.cluster.stop(self.job, timeout=self.config.hang_limit)
         result = verdict(self.out)
         summary = summarise(self.out, self.config.bound)
         summary["problems"] = run_problems(self.out, result)

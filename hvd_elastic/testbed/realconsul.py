@@ -97,7 +97,10 @@ class ConsulCluster:
     """Real Consul agents on loopback for ``nodes``; see the module docstring.
 
     ``acl_token`` turns ACLs on with default deny and that token as the master
-    (management) token; ``tls_cert``/``tls_key`` serve HTTPS instead of HTTP.
+    (management) token; ``restricted_token`` (a UUID, as Consul wants a secret
+    ID) is then made a token whose one policy reads the nodes and services
+    named by the prefixes, like the dev agent's; ``tls_cert``/``tls_key`` serve
+    HTTPS instead of HTTP.
     ``server_address`` is where the server agent binds, ``placement`` where each
     node's agent runs (default: all on loopback; the multi-host bed puts each in
     its host's network namespace, at the host's address).
@@ -107,10 +110,14 @@ class ConsulCluster:
 
     def __init__(self, nodes: list[str] | tuple[str, ...] = ("gpu-a",), acl_token: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None, datacenter: str = "dc1",
-                 server_address: str = "127.0.0.1", placement: Placement = _loopback) -> None:
+                 server_address: str = "127.0.0.1", placement: Placement = _loopback,
+                 restricted_token: str | None = None, restricted_node_prefixes: list[str] | tuple[str, ...] = (),
+                 restricted_service_prefixes: list[str] | tuple[str, ...] = ()) -> None:
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
+        if restricted_token is not None and acl_token is None:
+            raise ValueError("restricted_token needs acl_token (ACLs on)")
         if not nodes or len(set(nodes)) != len(nodes) or SERVER in nodes:
             raise ValueError(f"nodes must be distinct names other than {SERVER!r}, got {list(nodes)}")
         if (tls_cert is None) != (tls_key is None):
@@ -126,6 +133,7 @@ class ConsulCluster:
         self._workdir: Path | None = None
         self._agents: dict[str, _Agent] = {}
         self._ports: dict[str, int] = {}
+        self._restricted = (restricted_token, list(restricted_node_prefixes), list(restricted_service_prefixes))
 
     # -- lifecycle --------------------------------------------------------
 
@@ -140,6 +148,8 @@ class ConsulCluster:
             deadline = time.monotonic() + timeout
             for name in (SERVER, *self.nodes):
                 self._wait_alive(name, deadline)
+            if self._restricted[0] is not None:
+                self._make_restricted_token(*self._restricted)
         except BaseException:
             self.stop()
             raise
@@ -235,6 +245,15 @@ class ConsulCluster:
             config["cert_file"], config["key_file"] = self._tls_files
         return config
 
+    def _make_restricted_token(self, secret: str, nodes: list[str], services: list[str]) -> None:
+        rules = "".join(f'{kind}_prefix "{prefix}" {{ policy = "read" }}\n'
+                        for kind, prefixes in (("node", nodes), ("service", services)) for prefix in prefixes)
+        server = self._client_config(SERVER)
+        client.request(server, "/v1/acl/policy", method="PUT", body={"Name": "restricted-reader", "Rules": rules},
+                       timeout=10.0)
+        client.request(server, "/v1/acl/token", method="PUT", timeout=10.0,
+                       body={"SecretID": secret, "Policies": [{"Name": "restricted-reader"}]})
+
     def _client_config(self, node: str) -> ConsulConfig:
         return ConsulConfig(host=self._addresses[node], port=self._ports[node], scheme="https" if self.tls else "http", verify=False,
                             token=self.acl_token)
@@ -274,7 +293,8 @@ KINDS = ("dev", "consul")
 def consul_cluster(kind: str, nodes: list[str] | tuple[str, ...], **options):
     """A not yet started cluster of ``kind`` (one of :data:`KINDS`) for ``nodes``.
 
-    ``options`` common to both: ``acl_token``, ``tls_cert``, ``tls_key``, ``datacenter``.
+    ``options`` common to both: ``acl_token``, ``tls_cert``, ``tls_key``, ``datacenter``, ``restricted_token``
+    (a UUID), ``restricted_node_prefixes``, ``restricted_service_prefixes``.
     """
     if kind == "dev":
         from hvd_elastic.devagent import DevCluster
