@@ -16,8 +16,10 @@ Every round runs each command once, in a fixed order, so load that hits a
 round hits baseline and measured alike; ratios are taken round by round
 (``report.paired_ratio``).  ``python3`` is the venv's (first on PATH).
 
-Set-up: the Consul dev agent in its own process with ``--instances`` passing
-instances spread over ``--nodes`` nodes, each with its own service address;
+Set-up: the Consul dev agent in its own process (``--consul consul``:
+HashiCorp Consul, a server agent and a client agent per node) with
+``--instances`` passing instances spread over ``--nodes`` nodes, each with its
+own service address;
 discovery runs with ``--host-name service-address`` so it prints one line per
 instance (the heaviest case).  The warm-cache calls are children of this
 process, which stands in for horovodrun (``HVD_ELASTIC_DISCOVERY_CACHE=on``):
@@ -58,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hvd_elastic.testbed.hostcache import fresh_record, read_record  # noqa: E402
 from hvd_elastic.testbed import CONSUL_HOSTS, child_env as testbed_env  # noqa: E402
 from hvd_elastic.testbed import start_dev_agent  # noqa: E402
+from hvd_elastic.testbed.realconsul import ConsulCluster  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -74,20 +77,33 @@ def cluster_parser(doc: str, name: str) -> argparse.ArgumentParser:
     """The arguments every discovery benchmark shares: cluster size and where the JSON goes."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--nodes", type=int, default=4, help="dev-agent nodes the instances are spread over")
+    parser.add_argument("--nodes", type=int, default=4, help="Consul nodes the instances are spread over")
+    parser.add_argument("--consul", choices=("dev", "consul"), default="dev",
+                        help="the dev agent in its own process, or HashiCorp Consul (a server and a client agent "
+                             "per node, .venv/bin/consul) (default %(default)s)")
     parser.add_argument("--json", default=None, help=f"default benchmarks/results/{name}_<instances>.json")
     return parser
 
 
 def result_path(args: argparse.Namespace, name: str) -> Path:
-    return Path(args.json) if args.json else RESULTS / f"{name}_{args.instances}.json"
+    suffix = "_consul" if getattr(args, "consul", "dev") == "consul" else ""
+    return Path(args.json) if args.json else RESULTS / f"{name}_{args.instances}{suffix}.json"
 
 
 @contextlib.contextmanager
-def dev_agent(workdir: Path, nodes: int, instances: int = 0) -> Iterator[dict[str, str]]:
-    """The dev agent with ``nodes`` nodes in its own process, as Consul runs, and ``instances``
-    registered (see :func:`register`): {node: host:port}."""
-    job, addresses = start_dev_agent([f"node{i}" for i in range(nodes)], env=testbed_env(), logdir=workdir)
+def dev_agent(workdir: Path, nodes: int, instances: int = 0, kind: str = "dev") -> Iterator[dict[str, str]]:
+    """Consul for ``nodes`` nodes with ``instances`` registered (see :func:`register`): {node: host:port}.
+
+    ``kind`` "dev": the dev agent in its own process, as Consul runs; "consul": HashiCorp Consul
+    (:class:`~hvd_elastic.testbed.realconsul.ConsulCluster`: a server and a client agent per node).
+    """
+    names = [f"node{i}" for i in range(nodes)]
+    if kind == "consul":
+        with ConsulCluster(names) as cluster:
+            register(cluster.addresses(), instances)
+            yield cluster.addresses()
+        return
+    job, addresses = start_dev_agent(names, env=testbed_env(), logdir=workdir)
     try:
         register(addresses, instances)
         yield addresses
@@ -265,9 +281,11 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="discovery-speed-") as tmp:
-        with dev_agent(Path(tmp), args.nodes, args.instances) as addresses:
+        with dev_agent(Path(tmp), args.nodes, args.instances, args.consul) as addresses:
             result = measure(args, addresses, Path(tmp))
-    title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer), "
+    result["consul"] = "HashiCorp Consul 1.8.7" if args.consul == "consul" else "the dev agent"
+    title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer) "
+             f"on {result['consul']}, "
              f"{args.runs} interleaved rounds, {args.cold_runs} cold starts; {load_note(load)}")
     print(format_table(title, result["rows"]))
     write_json(result_path(args, "discovery_speed"), result)

@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="relaunch a job that died at most N times (default %(default)s; 0: never)")
     parser.add_argument("--restart-delay", type=_seconds, default=1.0, metavar="SECONDS",
                         help="wait before each relaunch (default %(default)s)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                        help="horovodrun and its arguments")
+    # dest "argv": "command" is the subcommand's own name in hvd_elastic.cli's namespace.
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="horovodrun and its arguments")
 
 
 def _count(text: str) -> int:
@@ -71,7 +71,7 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         log.error("no command to launch (expected: hvd-elastic launch [--max-restarts N] -- horovodrun ...)")
         return 2

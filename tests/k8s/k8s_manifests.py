@@ -153,6 +153,11 @@ def commands(pod: Pod, container: dict, env: Mapping[str, str]) -> Iterator[Comm
     if main[:2] == ["/bin/sh", "-c"] and len(main) == 3:
         for argv in shell_commands(main[2], env):
             yield Command(f"{where} (sh -c)", container, argv, hook=False)
+    elif program(main[:1] or [""]) == "hvd-elastic" and main[1:2] == ["launch"] and "--" in main:
+        # hvd-elastic launch [its options] -- COMMAND: two argument lists, each for its own parser.
+        split = main.index("--")
+        yield Command(f"{where} (launch)", container, main[:split], hook=False)
+        yield Command(where, container, main[split + 1:], hook=False)
     elif main:
         yield Command(where, container, main, hook=False)
     for phase, handler in container.get("lifecycle", {}).items():
