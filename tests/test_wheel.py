@@ -107,6 +107,7 @@ def test_installed_demo_smallest_setting_and_report(installed, tmp_path):
 def test_installed_package_carries_the_operator_files(installed):
     share = installed.parent / "share" / "hvd-elastic"
     for name in ("systemd/hvd-elastic-node-agent.service", "systemd/hvd-elastic-discover.service",
+                 "systemd/hvd-elastic-standby@.service",
                  "slurm/prolog.sh", "slurm/epilog.sh", "slurm/launcher.sbatch", "slurm/worker.sbatch",
                  "slurm/README.md", "consul/horovod.hcl"):
         assert (share / name).read_bytes() == (REPO / "scripts" / name).read_bytes(), name

@@ -23,6 +23,9 @@ and each worker's pidfd:
 
 SIGTERM or SIGINT: the socket goes at once (new workers start directly), and the
 standby exits when the workers it forked have ended; a second one terminates them.
+Under systemd (``Type=notify``, ``scripts/systemd/hvd-elastic-standby@.service``)
+it reports ``READY=1`` once its socket answers and ``STOPPING=1`` at the first
+stop signal (:mod:`hvd_elastic.sdnotify`).
 Exit codes: 0 after a stop, 1 when it cannot start (a preload fails, the socket
 is taken), 2 for bad input.
 """
@@ -43,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from hvd_elastic import sdnotify
 from hvd_elastic.options import env, standby_name
 from hvd_elastic.standby import child, protocol
 
@@ -146,6 +150,8 @@ class Standby:
 
     def _on_stop(self, signum, _frame) -> None:
         self._stops += 1
+        if self._stops == 1:
+            sdnotify.notify("STOPPING=1")
         if self._listener is not None:
             log.info("standby %r stopping (%s): no new workers; %d running", self.name,
                      signal.Signals(signum).name, len(self._workers))
@@ -401,6 +407,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     log.info("standby %r ready at %s after %.1f s of imports (%s)", args.name, standby.path, took,
              ", ".join(standby.preload))
+    # Under systemd (Type=notify): the unit is started now, so units After= it (a node agent) start.
+    sdnotify.notify(f"READY=1\nSTATUS=standby {args.name} ready at {standby.path}")
     task = standby.serve()
     if task is None:
         standby.close()

@@ -254,8 +254,8 @@ class SoakConfig:
             raise ValueError(f"min_np {self.min_np} exceeds the {self.hosts} hosts: the job could never start")
         if self.hosts - self.max_impaired < self.min_np and not self.below_min_np:
             raise ValueError(f"{self.max_impaired} hosts impaired at once would leave {self.hosts - self.max_impaired} "
-                             f"of {self.hosts}, below min_np {self.min_np} with no spare (say below_min_np if that is "
-                             f"the point)")
+                             f"of {self.hosts}, below min_np {self.min_np} with no spare (below_min_np / "
+                             f"--below-min-np if that is the point)")
         return self
 
 
