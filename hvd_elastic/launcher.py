@@ -5,8 +5,9 @@ whole job when every worker of one round fails.  One lost host can cause that:
 a worker still inside ``hvd.init()`` when a peer dies cannot reset, it aborts
 once the Gloo rendezvous times out, so a host lost during a rendezvous (a job's
 start, any reset) fails the whole round and horovodrun exits ("failure count ==
-N -> stop running"; horovod/horovod#3264).  The chaos soak meets this about once
-in 60 overlapping faults.  A Kubernetes Job relaunches its launcher pod
+N -> stop running"; horovod/horovod#3264).  The chaos soak
+(:mod:`hvd_elastic.testbed.chaos`) meets it a few times in every hundred
+overlapping faults.  A Kubernetes Job relaunches its launcher pod
 (``backoffLimit``); this is the same for a launcher that nothing relaunches
 (bare metal, a Slurm allocation): with ``@hvd_elastic.run`` and a checkpoint
 directory, the new job resumes from the newest durable checkpoint.
@@ -14,8 +15,9 @@ directory, the new job resumes from the newest durable checkpoint.
 Contracts:
 
 * the command exits 0: done, exit 0;
+* its stdout is this process's, its stderr passes through this one, unchanged;
 * it ends any other way (a code, a signal) and restarts remain: one stderr line
-  naming how it ended and horovodrun's reason, ``--restart-delay`` seconds, then
+  naming how it ended and horovodrun's reason (from its stderr), ``--restart-delay`` seconds, then
   the same command again, with ``HVD_ELASTIC_LAUNCH_ATTEMPT`` (0 the first
   time) in its environment;
 * exit 2, a usage error, is never relaunched: it would fail the same way;
@@ -34,6 +36,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 
 log = logging.getLogger(__name__)
@@ -107,19 +110,23 @@ class Launcher:
                 return code
 
     def _attempt(self, attempt: int) -> tuple[int, str]:
-        """Run the command once, its output passed through; (its returncode, horovodrun's reason)."""
+        """Run the command once; (its returncode, horovodrun's reason, from its stderr).
+
+        Its stdout is ours; its stderr passes through this process (where horovodrun logs
+        why it stopped), line by line and unbuffered, to our stderr.
+        """
         try:
             # Its own process group: a terminal's Ctrl-C reaches this process only, which passes it on once.
             self.child = subprocess.Popen(self.command, env={**os.environ, ATTEMPT_ENV: str(attempt)},
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
-                                          preexec_fn=_die_with_parent)
+                                          stderr=subprocess.PIPE, process_group=0, preexec_fn=_die_with_parent)
         except OSError as exc:
             log.error("cannot run %s: %s", self.command[0], exc.strerror or exc)
             return 127, ""
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        with self.child.stdout as out:
-            for raw in iter(out.readline, b""):
-                os.write(1, raw)  # unbuffered: the job's log is the user's
+        with self.child.stderr as err:
+            for raw in iter(err.readline, b""):
+                sys.stderr.buffer.write(raw)
+                sys.stderr.buffer.flush()
                 tail.append(raw.decode(errors="replace").rstrip())
         return self.child.wait(), _reason(tail)
 

@@ -27,7 +27,7 @@ elif what == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 else:
     if what != "0":
-        print("ERROR:root:failure count == 2 -> stop running", flush=True)
+        print("ERROR:root:failure count == 2 -> stop running", file=sys.stderr, flush=True)
     sys.exit(int(what))
 '''
 
@@ -55,7 +55,8 @@ def test_a_job_that_dies_is_relaunched_until_it_succeeds(fake, tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert attempts(tmp_path) == [0, 1, 2]
-    assert "attempt 0: 1" in out and "attempt 2: 0" in out  # the command's output passes through
+    assert "attempt 0: 1" in out and "attempt 2: 0" in out  # the command's stdout is ours
+    assert "ERROR:root:failure count == 2 -> stop running" in err and "failure count" not in out  # its stderr too
     relaunches = [line for line in err.splitlines() if "relaunch" in line]
     assert len(relaunches) == 2, err
     assert "exited with 1 (ERROR:root:failure count == 2 -> stop running); relaunch 1 of 3" in relaunches[0]
