@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-impaired", type=int, help="hosts impaired at once (default: hosts - min-np)")
     parser.add_argument("--below-min-np", action="store_true",
                         help="allow faults to take the job below --min-np (it must wait for a host to come back)")
+    parser.add_argument("--stall-timeout", type=float, default=180.0,
+                        help="hvd-elastic launch --stall-timeout: a job this long without a commit is ended and "
+                             "relaunched (default %(default)s; 0: never)")
     parser.add_argument("--relaunches", type=int, default=50,
                         help="times horovodrun may die and be relaunched, as a scheduler would (default %(default)s)")
     parser.add_argument("--keep", type=Path, help="keep the run's files in this directory (default: a temporary one)")
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         config = SoakConfig(seed=seed, faults=args.faults, mtbf=args.mtbf, hosts=args.hosts, max_hosts=args.hosts + 1,
                             min_np=args.min_np, kinds=tuple(args.kinds.split(",")),
                             relaunches=args.relaunches, max_impaired=args.max_impaired,
-                            below_min_np=args.below_min_np).validate()
+                            below_min_np=args.below_min_np, stall_timeout=args.stall_timeout).validate()
     except ValueError as exc:
         parser.error(str(exc))
     # SIGTERM (a timeout, a scheduler) unwinds like Ctrl-C, so the bed and its Consul agents are torn down.

@@ -20,6 +20,11 @@ Contracts:
   naming how it ended and horovodrun's reason (from its stderr), ``--restart-delay`` seconds, then
   the same command again, with ``HVD_ELASTIC_LAUNCH_ATTEMPT`` (0 the first
   time) in its environment;
+* with ``--progress-file PATH --stall-timeout S``, a job whose PATH has not
+  changed for S seconds (``@hvd_elastic.run``'s event log gets a line per
+  commit) is stuck: its process group gets SIGTERM, SIGKILL after 15 s, and it
+  is relaunched like a job that died.  The soak saw Horovod's driver wedge so,
+  horovodrun alive with no worker left, after a stream of overlapping faults;
 * exit 2, a usage error, is never relaunched: it would fail the same way;
 * SIGTERM, SIGINT and SIGHUP are passed on to the command, and nothing is
   relaunched after one: a scheduler that stops the job stops it;
@@ -31,20 +36,25 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 ATTEMPT_ENV = "HVD_ELASTIC_LAUNCH_ATTEMPT"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-REASON_MARKERS = ("stop running", "Error", "error")  # what names horovodrun's reason in its last lines
+REASON_MARKERS = ("stuck", "stop running", "Error", "error")  # what names horovodrun's reason in its last lines
 TAIL_LINES = 200  # lines of the command's output kept to find its reason
+POLL_S = 1.0  # how often the progress file is looked at
+KILL_GRACE_S = 15.0  # a stuck job's SIGTERM -> SIGKILL
 _PR_SET_PDEATHSIG = 1
 
 
@@ -53,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="relaunch a job that died at most N times (default %(default)s; 0: never)")
     parser.add_argument("--restart-delay", type=_seconds, default=1.0, metavar="SECONDS",
                         help="wait before each relaunch (default %(default)s)")
+    parser.add_argument("--progress-file", type=Path, metavar="PATH",
+                        help="a file the job writes to as it trains, such as @hvd_elastic.run's event log "
+                             "(RUN_DIR/events.jsonl: a line per commit); with --stall-timeout")
+    parser.add_argument("--stall-timeout", type=_seconds, default=0.0, metavar="SECONDS",
+                        help="end and relaunch the job when --progress-file has not changed for this long "
+                             "(default 0: never; make it longer than any wait for hosts or checkpoint write)")
     # dest "argv": "command" is the subcommand's own name in hvd_elastic.cli's namespace.
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="horovodrun and its arguments")
 
@@ -78,14 +94,20 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         log.error("no command to launch (expected: hvd-elastic launch [--max-restarts N] -- horovodrun ...)")
         return 2
-    return Launcher(command, args.max_restarts, args.restart_delay).run()
+    if (args.progress_file is None) != (args.stall_timeout == 0):
+        log.error("--progress-file and --stall-timeout go together (got %s and %g)", args.progress_file,
+                  args.stall_timeout)
+        return 2
+    return Launcher(command, args.max_restarts, args.restart_delay, args.progress_file, args.stall_timeout).run()
 
 
 class Launcher:
     """Runs ``command`` until it succeeds, is stopped, or has died ``max_restarts`` + 1 times."""
 
-    def __init__(self, command: list[str], max_restarts: int, restart_delay: float):
+    def __init__(self, command: list[str], max_restarts: int, restart_delay: float,
+                 progress_file: Path | None = None, stall_timeout: float = 0.0):
         self.command, self.max_restarts, self.restart_delay = command, max_restarts, restart_delay
+        self.progress_file, self.stall_timeout = progress_file, stall_timeout
         self.child: subprocess.Popen | None = None
         self.stopped_by: int | None = None
 
@@ -123,17 +145,55 @@ class Launcher:
             log.error("cannot run %s: %s", self.command[0], exc.strerror or exc)
             return 127, ""
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        with self.child.stderr as err:
-            for raw in iter(err.readline, b""):
-                sys.stderr.buffer.write(raw)
-                sys.stderr.buffer.flush()
-                tail.append(raw.decode(errors="replace").rstrip())
-        return self.child.wait(), _reason(tail)
+        relay = threading.Thread(target=_relay, args=(self.child.stderr, tail), daemon=True)
+        relay.start()
+        started = time.time()
+        while True:
+            try:
+                returncode = self.child.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stall_timeout and (quiet := time.time() - max(started, _mtime(self.progress_file))) > self.stall_timeout:
+                tail.append(f"no progress in {self.progress_file} for {quiet:.0f} s: the job is stuck")
+                log.warning("%s: no change in %s for %.0f s (--stall-timeout %g): ending the stuck job",
+                            self.command[0], self.progress_file, quiet, self.stall_timeout)
+                returncode = self._end_stuck_child()
+                break
+        relay.join(timeout=5)
+        return returncode, _reason(tail)
+
+    def _end_stuck_child(self) -> int:
+        """SIGTERM the command's process group, SIGKILL after :data:`KILL_GRACE_S`; its returncode."""
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, sig)
+            try:
+                return self.child.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.child.wait()
 
     def _stop(self, signum, frame) -> None:
         self.stopped_by = signum
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
+
+
+def _relay(stream, tail: collections.deque) -> None:
+    """The command's stderr to ours, line by line and unbuffered, its last lines kept in ``tail``."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            sys.stderr.buffer.write(raw)
+            sys.stderr.buffer.flush()
+            tail.append(raw.decode(errors="replace").rstrip())
+
+
+def _mtime(path: Path | None) -> float:
+    try:
+        return path.stat().st_mtime if path is not None else 0.0
+    except OSError:
+        return 0.0
 
 
 def _reason(lines) -> str:

@@ -20,6 +20,11 @@ with open(sys.argv[1], "a") as f:
 plan = sys.argv[2].split(",")
 what = plan[min(attempt, len(plan) - 1)]
 print(f"attempt {attempt}: {what}", flush=True)
+if what == "busy":  # trains: its progress file changes every 0.2 s for 3 s
+    for _ in range(15):
+        open(sys.argv[3], "a").write("commit\\n")
+        time.sleep(0.2)
+    sys.exit(0)
 if what == "sleep":
     signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(143)))
     time.sleep(60)
@@ -41,8 +46,8 @@ def fake(tmp_path):
 
 def launch(fake, tmp_path, plan: str, *options: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([HVD_ELASTIC, "launch", "--restart-delay", "0", *options, "--", sys.executable, fake,
-                             tmp_path / "attempts", plan], env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+                             tmp_path / "attempts", plan, tmp_path / "progress"], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 def attempts(tmp_path) -> list[int]:
@@ -85,6 +90,22 @@ def test_a_usage_error_is_never_relaunched(fake, tmp_path):
     assert "relaunch" not in err
 
 
+def test_a_job_without_progress_for_the_stall_timeout_is_ended_and_relaunched(fake, tmp_path):
+    proc = launch(fake, tmp_path, "sleep,0", "--progress-file", str(tmp_path / "progress"), "--stall-timeout", "2")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert attempts(tmp_path) == [0, 1] and "got SIGTERM" in out  # the stuck one was asked to stop first
+    assert f"no change in {tmp_path / 'progress'} for 2 s (--stall-timeout 2): ending the stuck job" in err, err
+    assert "stuck); relaunch 1 of 3" in err, err
+
+
+def test_a_job_that_makes_progress_is_left_alone(fake, tmp_path):
+    proc = launch(fake, tmp_path, "busy", "--progress-file", str(tmp_path / "progress"), "--stall-timeout", "1.5")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and attempts(tmp_path) == [0], err
+    assert "stuck" not in err
+
+
 def test_sigterm_is_passed_on_and_nothing_is_relaunched(fake, tmp_path):
     proc = launch(fake, tmp_path, "sleep")
     wait_until("the first attempt", lambda: attempts(tmp_path), timeout=30)
@@ -108,6 +129,7 @@ def test_a_killed_launcher_takes_the_job_with_it(fake, tmp_path):
     ([], "no command to launch"),
     (["--max-restarts", "-1", "--", "true"], "--max-restarts: '-1': expected a whole number >= 0"),
     (["--restart-delay", "soon", "--", "true"], "--restart-delay: 'soon': expected a number of seconds >= 0"),
+    (["--stall-timeout", "60", "--", "true"], "--progress-file and --stall-timeout go together"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = subprocess.run([HVD_ELASTIC, "launch", *args], env=child_env(), capture_output=True, text=True, timeout=60)

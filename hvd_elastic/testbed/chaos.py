@@ -21,12 +21,14 @@ Contracts:
 * **Never impossible by accident.** :class:`SoakConfig` refuses settings under
   which the faults could take the job below ``min_np`` with no spare host,
   unless ``below_min_np`` says that is the point.
-* **A dead job is relaunched, and counted.** Horovod ends the job when every
-  worker of one round fails (horovod/horovod#3264: survivors still in
-  ``hvd.init()`` when a peer dies abort, so the whole round is failures).  The
-  job runs under ``hvd-elastic launch --max-restarts relaunches``
-  (:mod:`hvd_elastic.launcher`), which relaunches it; the soak logs each
-  relaunch as ``job-died`` with horovodrun's reason.
+* **A dead or stuck job is relaunched, and counted.** Horovod ends the job
+  when every worker of one round fails (horovod/horovod#3264: survivors still
+  in ``hvd.init()`` when a peer dies abort, so the whole round is failures),
+  and after some streams of overlapping failures its driver wedges (horovodrun
+  alive, no worker left).  The job runs under ``hvd-elastic launch
+  --max-restarts relaunches --stall-timeout stall_timeout`` with its event log
+  as the progress file (:mod:`hvd_elastic.launcher`), which relaunches it; the
+  soak logs each relaunch as ``job-died`` or ``job-stuck`` with the reason.
 * **Bounded.** The soak fails (:class:`SoakFailure`, with the job's log tail)
   when the job ends (past ``relaunches``) or no step commits for ``hang_limit``
   seconds (a hang: the message lists every host's processes and their states);
@@ -69,6 +71,7 @@ COOLDOWN = ("--blacklist-cooldown-range", "3", "5")  # without it Horovod blackl
 CHAOS_LOG = "chaos.jsonl"  # the soak's whole log: injections, follow-ups and skips
 CHECKPOINT_WAIT_S = 30.0  # how long checkpoint-cut waits for a write to begin before it is skipped
 JOB_DIED = "job-died"  # the log's kind for a relaunch by hvd-elastic launch (see Soak._note_relaunches)
+JOB_STUCK = "job-stuck"  # ... of a job launch ended for making no progress (--stall-timeout)
 DETECT_S = 30.0  # a reset this soon after a fault is the fault's (the TTL, the lost-host cut and Gloo's 30 s fit)
 MAX_DRAWS = 4  # the schedule is drawn at most this many times per fault asked for
 
@@ -210,7 +213,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           _stall_a_checkpoint_write),
 )}
 #: Faults on the whole job, whose change is the next launch.
-JOB_FAULTS = {f.name for f in FAULTS.values() if f.target == "job"} | {JOB_DIED}
+JOB_FAULTS = {f.name for f in FAULTS.values() if f.target == "job"} | {JOB_DIED, JOB_STUCK}
 
 
 @dataclasses.dataclass
@@ -228,6 +231,7 @@ class SoakConfig:
     hold: tuple[float, float] = (3.0, 20.0)  # seconds before each follow-up of a host fault
     bound: float = 150.0  # a fault with no committed step this long after it is listed as slow
     hang_limit: float = 600.0  # no committed step this long: the job hangs, the soak fails
+    stall_timeout: float = 180.0  # hvd-elastic launch --stall-timeout: a job this long without a commit is ended
     below_min_np: bool = False  # allow faults to take the job below min_np (it must then wait)
     relaunches: int = 10  # hvd-elastic launch --max-restarts: how often the job may die and be relaunched
     gloo_timeout: int = 30  # Horovod's default
@@ -308,7 +312,7 @@ class Soak:
         max_np = self.config.max_hosts * self.cluster.slots
         self.job = self.cluster.start_job(self.config.min_np, self.config.min_np, max_np, "--num-workers", "1",
                                           "--checkpoint-every", "5", out=self.out, horovodrun_args=COOLDOWN,
-                                          max_restarts=self.config.relaunches)
+                                          max_restarts=self.config.relaunches, stall_timeout=self.config.stall_timeout)
         self.cluster.wait_steps(self.job, size=len(self.state) * self.cluster.slots, steps=5,
                                 timeout=self.config.hang_limit)
         return self.job
@@ -319,11 +323,17 @@ class Soak:
             self.start()
         begin = time.monotonic()
         # Draw until ``faults`` were injected: skips do not count, and a schedule that keeps skipping is bounded.
+        # The draw after a skip comes at once, so injected faults keep the mean gap asked for.
+        skipped = False
         for number, (offset, kind) in enumerate(plan(self.config, MAX_DRAWS * self.config.faults)):
             if self.counts["injected"] == self.config.faults:
                 break
+            if skipped:
+                begin = time.monotonic() - offset
             self.idle_while(lambda: time.monotonic() < begin + offset, offset + self.config.hang_limit)
+            before = self.counts["skipped"]
             self.inject(number, kind)
+            skipped = self.counts["skipped"] > before
         # The last follow-ups at their own time (a host thawed 20 s after its freeze), then the world at full size.
         self.idle_while(lambda: bool(self.followups), 2 * self.config.hold[1] + self.config.hang_limit)
         while self.followups:
@@ -432,7 +442,8 @@ class Soak:
             if "hvd_elastic.launcher" in line and "; relaunch " in line:
                 self.counts["job_deaths"] += 1
                 self._launched = time.time()
-                self._act(-1, JOB_DIED, "relaunch", None, line.split("hvd_elastic.launcher: ", 1)[-1])
+                self._act(-1, JOB_STUCK if "stuck" in line else JOB_DIED, "relaunch", None,
+                          line.split("hvd_elastic.launcher: ", 1)[-1])
 
     def relaunch(self, before_start: Callable[[], object] | None = None) -> None:
         """SIGKILL the whole job and start it again (it resumes from its newest durable checkpoint)."""

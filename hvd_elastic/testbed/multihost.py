@@ -232,12 +232,14 @@ class ElasticCluster:
 
     def start_job(self, np: int, min_np: int, max_np: int, *worker_args: str, host_file: str | None = None,
                   name: str = "job", out: Path | None = None, horovodrun_args: tuple[str, ...] = (),
-                  env: dict[str, str] | None = None, max_restarts: int | None = None) -> TrainingJob:
+                  env: dict[str, str] | None = None, max_restarts: int | None = None,
+                  stall_timeout: float = 0.0) -> TrainingJob:
         """Elastic horovodrun on the launcher training :mod:`.worker` into ``out`` (default ``workdir/name``).
 
         ``env``: extra variables for horovodrun and so every worker (an off switch to compare, say).
         ``max_restarts``: run horovodrun under ``hvd-elastic launch --max-restarts N``, which relaunches a
-        job that died (:mod:`hvd_elastic.launcher`).
+        job that died (:mod:`hvd_elastic.launcher`); with ``stall_timeout``, also one whose event log has
+        not changed for that many seconds.
 
         Hosts come from Consul through ``discovery/consul_hosts``, or, with
         ``host_file`` (initial ``host:slots`` lines), from a plain host file the
@@ -251,7 +253,9 @@ class ElasticCluster:
             discovery = f"{CONSUL_HOSTS} --http-addr {self.consul_addr()}"
         cmd = horovodrun_elastic(discovery, np, min_np, max_np, *self.job_arguments(out, horovodrun_args, worker_args))
         if max_restarts is not None:
-            cmd = [str(HVD_ELASTIC), "launch", "--max-restarts", str(max_restarts), "--", *cmd]
+            watch = ["--progress-file", str(out / "events.jsonl"), "--stall-timeout", f"{stall_timeout:g}"] \
+                if stall_timeout else []
+            cmd = [str(HVD_ELASTIC), "launch", "--max-restarts", str(max_restarts), *watch, "--", *cmd]
         job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=self.job_env(out, env), logdir=out, name="horovodrun",
                           also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
         self.jobs.append(job)
