@@ -1,6 +1,6 @@
 """``hvd-elastic launch`` on a real job: Horovod ends it when every worker of a round fails, launch resumes it.
 
-The chaos soak met this on the bed (about once in 60 overlapping faults): a
+The chaos soak met this on the bed (a few times in every hundred overlapping faults): a
 host lost during a rendezvous makes the survivors still inside ``hvd.init()``
 abort, every worker of the round fails, and horovodrun exits ("failure count
 == N -> stop running", horovod/horovod#3264).  Here the same rule of Horovod's
