@@ -24,7 +24,9 @@ Contracts:
   changed for S seconds (``@hvd_elastic.run``'s event log gets a line per
   commit) is stuck: its process group gets SIGTERM, SIGKILL after 15 s, and it
   is relaunched like a job that died.  The soak saw Horovod's driver wedge so,
-  horovodrun alive with no worker left, after a stream of overlapping faults;
+  horovodrun alive with no worker left, after a stream of overlapping faults
+  (consistent with horovod/horovod#3014, a worker failing while the driver
+  handles a finished round; not confirmed);
 * exit 2, a usage error, is never relaunched: it would fail the same way;
 * SIGTERM, SIGINT and SIGHUP are passed on to the command, and nothing is
   relaunched after one: a scheduler that stops the job stops it;
