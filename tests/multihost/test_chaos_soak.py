@@ -22,7 +22,9 @@ from hvd_elastic.testbed.chaos import Soak, SoakConfig, format_summary
 from hvd_elastic.testbed.multihost import ElasticCluster
 from hvd_elastic.testbed.netns import PREFIX
 
-pytestmark = [pytest.mark.slow, pytest.mark.multihost]
+# A soak is minutes of faults, then the stop at an epoch's end: above pytest's 600 s default
+# (pyproject.toml), below its hang limit plus set-up and teardown.
+pytestmark = [pytest.mark.slow, pytest.mark.multihost, pytest.mark.timeout(1800)]
 
 FIXED_SEED = 20261203
 
