@@ -307,6 +307,7 @@ class Soak:
         self.counts = {"injected": 0, "skipped": 0, "job_deaths": 0}
         self.not_back: dict | None = None  # set when the job did not grow back to every host at the end
         self._launched = time.time()  # the job's newest (re)launch: the stall check counts from it
+        self._last_step = 0.0  # wall time of the newest committed step seen
         self._log: tuple[Path | None, int] = (None, 0)  # the job log read so far for hvd-elastic launch's relaunches
 
     # -- the run ------------------------------------------------------------------
@@ -335,9 +336,7 @@ class Soak:
             if skipped:
                 begin = time.monotonic() - offset
             self.idle_while(lambda: time.monotonic() < begin + offset, offset + self.config.hang_limit)
-            before = self.counts["skipped"]
-            self.inject(number, kind)
-            skipped = self.counts["skipped"] > before
+            skipped = not self.inject(number, kind)
         # The last follow-ups at their own time (a host thawed 20 s after its freeze), then the world at full size.
         self.idle_while(lambda: bool(self.followups), 2 * self.config.hold[1] + self.config.hang_limit)
         while self.followups:
@@ -355,7 +354,8 @@ class Soak:
                              "discovered": self.cluster.discovered()}
             log.warning("the job did not grow back to %d within %.0f s: %s", full, self.config.bound, self.not_back)
 
-    def inject(self, number: int, kind: str) -> None:
+    def inject(self, number: int, kind: str) -> bool:
+        """Inject fault ``number`` of ``kind`` now; False when it was skipped (logged with the reason)."""
         fault = FAULTS[kind]
         self.rng = random.Random(f"fault:{self.config.seed}:{number}")
         try:
@@ -368,9 +368,11 @@ class Soak:
             for what, do in fault.inject(self, host):
                 self._follow(number, kind, host, what, do)
             self.counts["injected"] += 1
+            return True
         except Skip as why:
             self.counts["skipped"] += 1
             self._act(number, kind, "skip", None, str(why))
+            return False
         finally:
             self.note = {}  # what a fault's prepare noted belongs to that fault's rows only
 
@@ -418,8 +420,9 @@ class Soak:
         self._note_relaunches()
         if not self.job.running():
             self._job_ended()
-        rows = self.job.progress.rows()
-        last = rows[-1]["time"] if rows else self._launched
+        for row in self.job.progress.new_rows():  # only what is new: this runs ten times a second
+            self._last_step = row["time"]
+        last = self._last_step or self._launched
         if time.time() - max(last, self._launched) > self.config.hang_limit:
             raise SoakFailure(f"no step committed for {self.config.hang_limit:.0f} s (since {last:.1f})\n"
                               f"{self.processes()}\n"
