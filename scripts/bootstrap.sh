@@ -15,6 +15,7 @@
 #   HVD_ELASTIC_VENV         virtual environment path   (default: <repo>/.venv)
 #   HVD_ELASTIC_WHEEL_CACHE  Horovod wheel cache folder (default: ~/.cache/hvd-elastic/wheels)
 #   HVD_ELASTIC_CONSUL_CACHE HashiCorp Consul binary cache (default: ~/.cache/hvd-elastic/consul; scripts/fetch-consul.sh)
+#   HVD_ELASTIC_PROMETHEUS_CACHE Prometheus binary cache (default: ~/.cache/hvd-elastic/prometheus; scripts/fetch-prometheus.sh)
 #   PYTHON                   interpreter for the venv   (default: python3.11)
 #
 # `bootstrap.sh --print-digest` prints the digest a ready stamp must hold for
@@ -54,7 +55,7 @@ inputs_digest() {
         echo "python=$("$PYTHON" -c 'import sys; print(sys.version)')"
         echo "torch=$TORCH_VERSION horovod=$HOROVOD_VERSION"
         cat "$REPO/pyproject.toml" "$REPO/setup.cfg" "$REPO/scripts/bootstrap.sh" "$REPO/scripts/cxx17" \
-            "$REPO/scripts/fetch-consul.sh"
+            "$REPO/scripts/fetch-consul.sh" "$REPO/scripts/fetch-prometheus.sh" "$REPO/scripts/lib/fetch-deb.sh"
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -64,11 +65,16 @@ if [[ ${1:-} == --print-digest ]]; then
     echo "$digest"
     exit 0
 fi
-# Real Consul is optional (the dev agent stands in): a failed download is one
-# line from fetch-consul.sh, retried on the next run, and never fails set-up.
-fetch_consul() { [[ -x $VENV/bin/consul ]] || "$REPO/scripts/fetch-consul.sh" "$VENV/bin/consul" || true; }
+# Real Consul and Prometheus are optional (the dev agent stands in; metrics are
+# off by default): a failed download is one line from fetch-*.sh, retried on the
+# next run, and never fails set-up; the tests that need the binary report it.
+fetch_tools() {
+    [[ -x $VENV/bin/consul ]] || "$REPO/scripts/fetch-consul.sh" "$VENV/bin/consul" || true
+    [[ -x $VENV/bin/prometheus && -x $VENV/bin/promtool ]] ||
+        "$REPO/scripts/fetch-prometheus.sh" "$VENV/bin/prometheus" || true
+}
 if [[ -f $STAMP && $(cat "$STAMP") == "$digest" ]]; then
-    fetch_consul
+    fetch_tools
     say "environment $VENV is ready (inputs unchanged)"
     exit 0
 fi
@@ -131,9 +137,10 @@ fi
 say "installing hvd-elastic (editable) with test and demo extras"
 run project "${PIP[@]}" install -q -e "$REPO[test,demo]"
 
-# 6. HashiCorp Consul 1.8.7 for the tests that run against real Consul, and the demo.
-rm -f "$VENV/bin/consul"  # inputs changed: fetch (from the cache) again
-fetch_consul
+# 6. HashiCorp Consul 1.8.7 for the tests that run against real Consul, and the demo;
+#    Prometheus 2.42 for the tests that scrape the exporters.
+rm -f "$VENV/bin/consul" "$VENV/bin/prometheus" "$VENV/bin/promtool"  # inputs changed: fetch (from the cache) again
+fetch_tools
 
 # 7. Verify before declaring the environment ready.
 run check-build "$VENV/bin/horovodrun" --check-build

@@ -109,5 +109,5 @@ def test_installed_package_carries_the_operator_files(installed):
     for name in ("systemd/hvd-elastic-node-agent.service", "systemd/hvd-elastic-discover.service",
                  "systemd/hvd-elastic-standby@.service",
                  "slurm/prolog.sh", "slurm/epilog.sh", "slurm/launcher.sbatch", "slurm/worker.sbatch",
-                 "slurm/README.md", "consul/horovod.hcl"):
+                 "slurm/README.md", "consul/horovod.hcl", "grafana/hvd-elastic-job.json"):
         assert (share / name).read_bytes() == (REPO / "scripts" / name).read_bytes(), name

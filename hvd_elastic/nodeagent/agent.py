@@ -19,6 +19,9 @@ Contract:
   until its next update (Consul keeps a restored check out of rotation until
   it passes), and each moment of that is a moment discovery may drop the node.
 * Health transitions and Consul reachability changes are logged once each.
+* Its metrics (:class:`~hvd_elastic.metrics.nodeagent.NodeAgentMetrics`) are
+  updated as it goes; with ``watch_maintenance`` each tick also reads whether the
+  service is drained (one ``GET /v1/agent/checks`` of the local agent).
 * A token from a file is read again every tick, so a token rotated in place
   (Vault Agent and the like) takes effect without a restart.
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
@@ -43,6 +46,7 @@ from collections.abc import Sequence
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConfigError, ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.metrics.nodeagent import NodeAgentMetrics
 from hvd_elastic.nodeagent.leave import wait_for_leave
 from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, Probe, ProbeResult, run_probes
 
@@ -97,7 +101,7 @@ class NodeAgent:
     """Registers one service instance and reports probe results through its TTL check."""
 
     def __init__(self, config: ConsulConfig, registration: Registration, probes: Sequence[Probe], interval: float,
-                 leave_timeout: float = 0.0):
+                 leave_timeout: float = 0.0, metrics: NodeAgentMetrics | None = None, watch_maintenance: bool = False):
         self.config = config
         self.leave_timeout = leave_timeout
         self.registration = registration
@@ -107,6 +111,8 @@ class NodeAgent:
         self.registered = False
         self._last_status: str | None = None
         self._consul_ok: bool | None = None
+        self.metrics = metrics or NodeAgentMetrics()
+        self.watch_maintenance = watch_maintenance
 
     # -- Consul calls -------------------------------------------------------
 
@@ -114,6 +120,8 @@ class NodeAgent:
         reg = self.registration
         api.register_service(self.config, reg.service_definition(result.status), self.timeout)
         self.registered = True
+        self.metrics.registered.set(1)
+        self.metrics.registrations.inc()
         log.info("registered service %r (id %r, slots %s) in %s", reg.service, reg.service_id, reg.meta.get("slots"), self.config.base_url)
 
     def report(self, result: ProbeResult) -> bool:
@@ -121,8 +129,10 @@ class NodeAgent:
         check_id = self.registration.check_id
         try:
             api.update_ttl(self.config, check_id, result.status, result.output[:MAX_OUTPUT], self.timeout)
+            self.metrics.ttl["ok"].inc()
             return True
         except ConsulError as exc:
+            self.metrics.ttl["error"].inc()
             if exc.status is None:  # Consul did not answer: nothing is known about the check
                 raise
             if api.has_check(self.config, check_id, self.timeout):
@@ -136,6 +146,7 @@ class NodeAgent:
         try:
             api.deregister_service(self.config, self.registration.service_id, self.timeout)
             self.registered = False
+            self.metrics.registered.set(0)
             log.info("deregistered service id %r", self.registration.service_id)
         except (ConsulError, ConfigError) as exc:
             log.warning("could not deregister service id %r: %s", self.registration.service_id, exc)
@@ -161,7 +172,7 @@ class NodeAgent:
 
     def tick(self) -> ProbeResult:
         """Probe once and bring Consul up to date; never raises for Consul errors."""
-        result = run_probes(self.probes)
+        result = run_probes(self.probes, observe=self.metrics.on_probe)
         self._note_health(result)
         try:
             self.config = self.config.with_fresh_token()  # a rotated token file is followed, not outlived
@@ -170,6 +181,10 @@ class NodeAgent:
                     log.warning("Consul lost check %r (agent restarted?); registering again", self.registration.check_id)
                 self.register(result)
                 self.report(result)
+            if self.watch_maintenance:
+                checks = api.agent_checks(self.config, self.timeout)
+                sid = self.registration.service_id
+                self.metrics.on_maintenance(sid, f"_service_maintenance:{sid}" in checks)
             self._note_consul(None)
         except (ConsulError, ConfigError) as exc:
             self._note_consul(exc)
@@ -202,6 +217,7 @@ class NodeAgent:
         return stop.is_set()
 
     def _note_health(self, result: ProbeResult) -> None:
+        self.metrics.on_health(result.status)
         if result.status != self._last_status:
             level = logging.INFO if result.status == PASSING else logging.WARNING
             before = self._last_status or "unknown"
@@ -210,6 +226,8 @@ class NodeAgent:
 
     def _note_consul(self, exc: BaseException | None) -> None:
         ok = exc is None
+        if exc is not None:
+            self.metrics.on_consul_error(exc)
         if ok != self._consul_ok:
             if ok:
                 log.info("Consul agent at %s reachable", self.config.base_url)

@@ -39,6 +39,7 @@ log = logging.getLogger("hvd_elastic.nodeagent")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _META_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+METRICS_ENV = "HVD_ELASTIC_NODE_METRICS_ADDR"  # not the job's HVD_ELASTIC_METRICS_ADDR: both run on a node
 
 
 def byte_size(text: str) -> int:
@@ -92,10 +93,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby-wait", type=non_negative_float, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
                         metavar="SECONDS", help="the longest a node waits for its standby before joining without one "
                                                 "(env HVD_ELASTIC_STANDBY_WAIT; default %(default)s)")
+    parser.add_argument("--metrics-addr", type=metrics_addr, default=env(METRICS_ENV), metavar="[HOST]:PORT",
+                        help="serve this agent's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds "
+                             f"127.0.0.1) and advertise the port as Meta.metrics_port (env {METRICS_ENV}; default off)")
     add_consul_arguments(parser)
 
 
-def build_agent(args: argparse.Namespace):
+def metrics_addr(text: str) -> str:
+    """argparse type of ``--metrics-addr``: checked now (exit 2), bound at start."""
+    from hvd_elastic.metrics.address import MetricsAddressError, parse
+
+    try:
+        parse(text, "--metrics-addr")
+    except MetricsAddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None = None):
     """The configured NodeAgent; raises ConfigError or ValueError on bad input."""
     import psutil
 
@@ -121,9 +136,12 @@ def build_agent(args: argparse.Namespace):
         meta.update(gpu_model=gpus.model[:512], gpu_memory_mib=str(gpus.memory_mib))
     if job:
         meta.update(slurm_job_id=job.job_id, slurm_node=job.node_name)
-    if "slots" in dict(args.meta):
-        raise ValueError("--meta slots=... is not allowed: use --slots")
+    for reserved, flag in (("slots", "--slots"), ("metrics_port", "--metrics-addr")):
+        if reserved in dict(args.meta):
+            raise ValueError(f"--meta {reserved}=... is not allowed: use {flag}")
     meta.update(dict(args.meta))
+    if metrics_port is not None:
+        meta["metrics_port"] = str(metrics_port)  # for Prometheus's consul_sd_configs (README)
     settings = ProbeSettings(
         expected_gpus=gpus.count,
         min_free_memory=args.min_free_memory,
@@ -148,16 +166,30 @@ def build_agent(args: argparse.Namespace):
         port=args.port,
         tags=tuple(args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")),
     )
-    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3, leave_timeout=args.leave_timeout)
+    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3,
+                     leave_timeout=args.leave_timeout, metrics=metrics, watch_maintenance=metrics_port is not None)
 
 
 def run(args: argparse.Namespace) -> int:
+    metrics, exporter, port = None, None, None
+    if args.metrics_addr:
+        from hvd_elastic.metrics.exporter import Exporter
+        from hvd_elastic.metrics.nodeagent import NodeAgentMetrics
+
+        metrics = NodeAgentMetrics()
+        exporter = Exporter(metrics.registry, "node agent")
+        if exporter.start(args.metrics_addr, "--metrics-addr"):  # else one line, and the agent runs on
+            port = exporter.address[1]
     try:
-        agent = build_agent(args)
+        agent = build_agent(args, metrics=metrics, metrics_port=port)
     except ValueError as exc:  # ConfigError included: bad flags, environment or TLS files
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
     action = "draining, waiting for the job to leave, deregistering" if args.leave_timeout else "deregistering and exiting"
-    with stop_on_signals(log, action) as stop:
-        agent.run(stop)
+    try:
+        with stop_on_signals(log, action) as stop:
+            agent.run(stop)
+    finally:
+        if exporter is not None:
+            exporter.stop()
     return 0

@@ -23,6 +23,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -190,14 +191,20 @@ def load_probe(spec: str, settings: ProbeSettings) -> Probe:
     return probe
 
 
-def run_probes(probes: Sequence[Probe]) -> ProbeResult:
-    """The worst result of all probes; outputs joined, failing ones first."""
+def run_probes(probes: Sequence[Probe], observe: Callable[[str, str, float], None] | None = None) -> ProbeResult:
+    """The worst result of all probes; outputs joined, failing ones first.
+
+    ``observe(name, status, seconds)`` is called after each probe (metrics).
+    """
     results = []
     for probe in probes:
+        started = time.monotonic()
         try:
             result = probe.check()
         except Exception as exc:  # noqa: BLE001 - a broken probe must not kill the agent
             result = ProbeResult(WARNING, f"probe {probe.name} failed: {type(exc).__name__}: {exc}")
+        if observe is not None:
+            observe(probe.name, result.status, time.monotonic() - started)
         results.append((probe.name, result))
     if not results:
         return ProbeResult(PASSING, "no probes configured")

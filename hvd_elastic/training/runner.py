@@ -34,7 +34,12 @@ Each call of the decorated function:
    every reset with its reason and the world size before and after.  Under a static
    launch (``horovodrun -np N``, ``mpirun``) there is nothing to recover to, so it syncs
    once and calls the function; any error ends the job as usual.
-4. When the function returns, rank 0 writes a final checkpoint of the last commit (if
+4. Keeps the job's Prometheus metrics on every rank (:mod:`hvd_elastic.metrics.job`:
+   world size, resets by cause and their phases, steps, commits, syncs, checkpoints),
+   hands rank 0's numbers to every rank at each sync (one small ``broadcast_object``,
+   so a new rank 0 continues the series), and, when ``metrics_addr`` or
+   ``HVD_ELASTIC_METRICS_ADDR`` names an address, serves them from rank 0.
+5. When the function returns, rank 0 writes a final checkpoint of the last commit (if
    it is newer than the last checkpoint) and waits for writes in flight.  Commit at the
    end of training so that the final state is the committed one.
 
@@ -54,7 +59,11 @@ from typing import Any, Callable
 
 import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from prometheus_client import CollectorRegistry
 
+from hvd_elastic.metrics import address as metrics_address
+from hvd_elastic.metrics.exporter import Exporter
+from hvd_elastic.metrics.job import JobMetrics
 from hvd_elastic.training import forksafe, shared_dir
 from hvd_elastic.training.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
@@ -87,6 +96,10 @@ class RunConfig:
             shared file system), checked before every sync; False when it is local on
             purpose (a single host; checkpoints copied elsewhere by other means), as
             ``HVD_ELASTIC_CHECKPOINT_LOCAL=1`` does.  Rank 0's setting decides.
+        metrics_addr: ``[HOST]:PORT`` where rank 0 serves the job's Prometheus
+            metrics (a bare port binds loopback); None reads ``HVD_ELASTIC_METRICS_ADDR``,
+            and metrics are not served when that is unset or empty.  A bad address
+            or a port in use is logged in one line and training goes on.
     """
 
     checkpoint_dir: str | os.PathLike | None = None
@@ -98,6 +111,7 @@ class RunConfig:
     log_commits: bool = True
     fresh_start_if_unreadable: bool = False
     checkpoint_dir_shared: bool = True
+    metrics_addr: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_dir_shared, bool):
@@ -169,6 +183,13 @@ class _Session:
         self._notified_at: float | None = None  # first host notification since the last reset
         self._pending_reset: dict | None = None
         self._entries = 0
+        self.metrics = JobMetrics()
+        self._metrics_source = "metrics_addr" if config.metrics_addr is not None else metrics_address.ENV
+        self._metrics_addr = (config.metrics_addr if config.metrics_addr is not None
+                              else os.environ.get(metrics_address.ENV, "")).strip()
+        self._exporter: Exporter | None = None
+        self._committed_step = getattr(state, "step", None)
+        self._step_at_error = None
 
     # -------------------------------------------------------------- the call
 
@@ -197,6 +218,8 @@ class _Session:
             raise
         finally:
             self._active = False
+            if self._exporter is not None:
+                self._exporter.stop()
             if elastic:
                 notification_manager.remove_listener(self)
             if self.checkpoints is not None:
@@ -207,12 +230,16 @@ class _Session:
     def _call(self, fn: Callable, state, *args, **kwargs):
         self._refresh_rank()
         self._entries += 1
+        self.metrics.on_world(self._rank, self._size)
+        self._serve_metrics()
         if self._entries == 1:
             self._emit("start")
         else:
             # No record means the error came from the state's sync, outside the function.
             reset = self._pending_reset or {"reason": "internal_error", "message": "failed during sync",
                                             "old_size": None}
+            self.metrics.on_reset_begun(self._pending_reset)  # a no-op when the sync before began it
+            self.metrics.on_resumed()
             self._emit("reset", **reset, new_size=self._size)
             self._pending_reset = None
             self._host_updates = HostUpdateResult.no_update
@@ -225,20 +252,24 @@ class _Session:
                                    "interrupted_at": time.time()}
             raise
         except HorovodInternalError as exc:
+            self._step_at_error = getattr(state, "step", None)  # what a restore is about to roll back
             self._pending_reset = {"reason": "internal_error", "message": describe_error(exc), "old_size": self._size,
                                    "interrupted_at": time.time()}
             raise
 
     def _before_sync(self) -> None:
-        """Collective, on every rank before every sync: the directory check, then (first time) the resume."""
-        if self.checkpoints is None:
-            return
-        # Before the load: a rank 0 that sees another directory than the others must not resume from it.
-        shared_dir.verify(self.checkpoints.directory, enabled=self._check_shared)
-        if not self._resumed:
-            self._resumed = True
-            self._refresh_rank()
-            self._resume()
+        """Collective, on every rank before every sync: the directory check, (first time) the resume, the metrics."""
+        if self._entries:  # this process trained before: a reset is under way (a joiner's first sync is none)
+            self.metrics.on_reset_begun(self._pending_reset)
+        if self.checkpoints is not None:
+            # Before the load: a rank 0 that sees another directory than the others must not resume from it.
+            shared_dir.verify(self.checkpoints.directory, enabled=self._check_shared)
+            if not self._resumed:
+                self._resumed = True
+                self._refresh_rank()
+                self._resume()
+        # On every rank whether or not it serves: a collective must never depend on a setting.
+        self.metrics.adopt(hvd.broadcast_object(self.metrics.carry(), root_rank=0, name="hvd_elastic.metrics"))
 
     def _resume(self) -> None:
         if self.checkpoints is None or self._rank != 0:
@@ -248,6 +279,8 @@ class _Session:
         if ckpt is None:
             return
         self.state.load_snapshot(ckpt.snapshot)
+        self.metrics.on_restart()
+        self._committed_step = getattr(self.state, "step", None)
         m = ckpt.manifest
         # Already durable: nothing to write at exit unless training commits again.
         self._last_checkpoint_commit = self.state.commit_count
@@ -264,6 +297,7 @@ class _Session:
         if (self.checkpoints is not None and self.config.checkpoint_on_exit and self._rank == 0
                 and (self.state.commit_count != self._last_checkpoint_commit
                      or self.checkpoints.last_error is not None)):
+            self.metrics.on_checkpoint_started()
             self.checkpoints.save(self.state.snapshot, **self._manifest_meta())
         self._emit("finish", commit_count=self.state.commit_count)
 
@@ -273,12 +307,39 @@ class _Session:
         if not self._active:
             return
         self._refresh_rank()
+        self._measure(event, fields)
         if event == "commit" and self.checkpoints is not None and self._rank == 0:
             meta = self._manifest_meta()
             if self.checkpoints.commit(self.state.snapshot, **meta):
                 self._last_checkpoint_commit = meta["commit_count"]
+                self.metrics.on_checkpoint_started()
         if event != "commit" or self.config.log_commits:
             self._emit(event, **fields)
+
+    def _measure(self, event: str, fields: dict) -> None:
+        """Feed the job's metrics from one of the state's events (every rank)."""
+        if event == "commit":
+            self._committed_step = getattr(self.state, "step", None)
+            self.metrics.on_commit(fields.get("seconds", 0.0), self._committed_step, _sample_position(self.state))
+        elif event == "sync":
+            self.metrics.on_sync(fields.get("seconds", 0.0), fields.get("bytes", 0))
+            self._committed_step = getattr(self.state, "step", None)
+        elif event == "restore":
+            self.metrics.on_restore(self._step_at_error, self._committed_step)
+            self._step_at_error = None
+
+    def _serve_metrics(self) -> None:
+        """Rank 0 serves the job's metrics (when an address is set); a process that is no longer rank 0 stops."""
+        if not self._metrics_addr:
+            return
+        if self._rank == 0:
+            if self._exporter is None:
+                registry = CollectorRegistry(auto_describe=True)
+                registry.register(self.metrics)
+                self._exporter = Exporter(registry, "job")
+            self._exporter.start(self._metrics_addr, self._metrics_source)
+        elif self._exporter is not None:
+            self._exporter.stop()
 
     def on_hosts_updated(self, timestamp, update_res) -> None:
         """Horovod's worker notification (coordinator only): remember what changed, and since when."""
@@ -315,9 +376,20 @@ class _Session:
 
     def _emit_from_writer(self, event: str, fields: dict) -> None:
         # The checkpoint writer only runs on a process that was rank 0 when it started.
+        if event in ("checkpoint", "checkpoint_error"):
+            self.metrics.on_checkpoint(event == "checkpoint", fields.get("seconds"), fields.get("step"))
         if self.events is not None:
             self.events.emit(event, **fields)
 
+
+
+def _sample_position(state) -> int | None:
+    """Samples the state's sampler has passed since its epoch 0 (``epoch * num_samples + offset``), or None."""
+    sampler = getattr(state, "sampler", None)
+    try:
+        return int(sampler.epoch) * int(sampler.num_samples) + int(sampler.offset)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def _describe_snapshot(snapshot: Any) -> dict:

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import horovod.torch as hvd
 import torch
@@ -35,25 +36,29 @@ class RecordingState(hvd.elastic.TorchState):
         super().restore()
 
 
+def train_until_stopped(state, commit: Callable[[], None]) -> None:
+    """Step (allreduce, record, sleep, ``commit()``) until ``$SIZES_DIR/stop`` exists; all ranks stop together."""
+    while True:
+        flags = torch.tensor([1.0, float(os.path.exists(os.path.join(SIZES_DIR, "stop")))])
+        total = hvd.allreduce(flags, op=hvd.Sum, name="flags")
+        assert int(total[0]) == hvd.size()
+        record("step", state.step)
+        if total[1] > 0:
+            return
+        time.sleep(STEP_SLEEP)
+        commit()
+
+
 def main() -> None:
     hvd.init()
     state = RecordingState(step=0)
     state.register_reset_callbacks([lambda: record("reset", state.step)])
 
-    @hvd.elastic.run
-    def train(state):
-        while True:
-            flags = torch.tensor([1.0, float(os.path.exists(os.path.join(SIZES_DIR, "stop")))])
-            total = hvd.allreduce(flags, op=hvd.Sum, name="flags")
-            assert int(total[0]) == hvd.size()
-            state.step += 1
-            record("step", state.step)
-            if total[1] > 0:
-                return
-            time.sleep(STEP_SLEEP)
-            state.commit()
+    def commit() -> None:
+        state.step += 1
+        state.commit()
 
-    train(state)
+    hvd.elastic.run(train_until_stopped)(state, commit)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""Serve one Prometheus registry over HTTP from a daemon thread, or say in one line why not."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from hvd_elastic.metrics.address import MetricsAddressError, parse
+
+log = logging.getLogger(__name__)
+
+_live: set["Exporter"] = set()
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+class Exporter:
+    """``http://HOST:PORT/metrics`` for ``registry`` while started.
+
+    :meth:`start` never raises for the address: a bad one, or one that cannot be
+    bound, is logged once as one line naming it (what the exporter is for, the
+    address, the reason) and :meth:`start` returns False.  A process forked
+    from this one (a DataLoader worker) does not keep the listening socket: a
+    port must close when the process that serves it dies.
+    """
+
+    def __init__(self, registry: CollectorRegistry, what: str) -> None:
+        self.registry = registry
+        self.what = what
+        self._server = None
+        self._failed: set[str] = set()  # addresses already reported, so a retry per reset logs once
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The bound ``(host, port)`` (the real port when 0 was asked), or None when not serving."""
+        return None if self._server is None else self._server.server_address[:2]
+
+    def start(self, spec: str, source: str) -> bool:
+        """Serve at ``spec`` (``[HOST]:PORT``, from ``source``: a flag or variable name); True when serving."""
+        if self._server is not None:
+            return True
+        try:
+            host, port = parse(spec, source)
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except (MetricsAddressError, OSError) as exc:
+            reason = str(exc) if isinstance(exc, MetricsAddressError) else f"cannot listen on {spec}: {exc.strerror or exc}"
+            if reason not in self._failed:
+                self._failed.add(reason)
+                log.error("%s metrics are off: %s", self.what, reason)
+            return False
+        _release_in_children(self)
+        host, port = self.address
+        log.info("%s metrics at http://%s:%d/metrics", self.what, f"[{host}]" if ":" in host else host, port)
+        return True
+
+    def stop(self) -> None:
+        """Stop serving and close the port.  Idempotent."""
+        server, self._server = self._server, None
+        _live.discard(self)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _release_in_children(exporter: Exporter) -> None:
+    global _hook_installed
+    with _hook_lock:
+        _live.add(exporter)
+        if not _hook_installed:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _hook_installed = True
+
+
+def _after_fork_in_child() -> None:
+    # The serving thread is not in the child, but the listening socket is: /dev/null over its
+    # number drops the child's reference (the port closes with the parent) and keeps the number
+    # taken, so the inherited server object cannot act on an unrelated file later.
+    for exporter in list(_live):
+        server, exporter._server = exporter._server, None
+        if server is None:
+            continue
+        try:
+            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.dup2(null, server.socket.fileno(), inheritable=False)
+            finally:
+                os.close(null)
+        except OSError:
+            pass  # never break a fork
+    _live.clear()
