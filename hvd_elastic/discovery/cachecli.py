@@ -40,6 +40,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
         group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)"),
         group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)"),
         group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)"),
+        group.add_argument("--metrics-addr", metavar="[HOST]:PORT", default=env("HVD_ELASTIC_DISCOVERY_METRICS_ADDR"), help="with --watch: serve the watcher's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds 127.0.0.1; env HVD_ELASTIC_DISCOVERY_METRICS_ADDR; default off)"),
         group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)"),
         # Set by ensure_running for the job's own watcher, never by hand.
         group.add_argument("--cache-key", help=argparse.SUPPRESS),
@@ -117,6 +118,7 @@ def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: host
         return None
     if rec is None or cache.untrusted_reason(rec) is not None:
         return None
+    fast.count_answer(args.cache_file, "cache")
     where = fast.job_cache_path(raw_argv(args), create=True)
     if where is not None and not sys.stdout.isatty():
         try:
@@ -171,7 +173,7 @@ def run_watch(args: argparse.Namespace) -> int:
     mode = 0o600 if args.job else 0o644
     fetch = watch_fetch(config, cli.health_query(args, options), options, args.watch_wait, args.timeout)
     return watch.run(args.cache_file, key, fetch, cli.FAILURES, job=args.job,
-                     max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace)
+                     max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)
 
 
 def _reap_grace() -> float | None:

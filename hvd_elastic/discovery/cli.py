@@ -175,6 +175,8 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
             cachecli.start_job_watcher(args, config)
         return code
     warn_dropped(decisions)
+    if args.cache != "off" and args.cache_file:
+        fast.count_answer(args.cache_file, "direct")  # the operator's cache could not answer this call
     # One write of the complete list: a reader never sees a partial one.
     sys.stdout.write(hostlib.format_hosts(found))
     sys.stdout.flush()

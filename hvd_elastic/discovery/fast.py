@@ -92,6 +92,7 @@ def cached_answer(argv: list[str]) -> cache.Record | None:
     if rec is None or cache.untrusted_reason(rec) is not None:
         return None  # the full path queries Consul and restarts the watcher if it died
     mark_read(path)
+    count_answer(path, "cache")
     return rec
 
 
@@ -112,6 +113,26 @@ def write_alias(alias: str, target: str, fingerprint: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(f"{os.path.abspath(target)}\n{fingerprint}\n")
     os.replace(tmp, alias)
+
+
+#: ``PATH.answers-<source>``: one byte per answer a discovery call printed for the cache ``PATH``, from the
+#: cache or after a direct query; the watcher serving ``--metrics-addr`` reads their sizes as counters.
+ANSWER_SOURCES = ("cache", "direct")
+
+
+def count_answer(path: str, source: str) -> None:
+    """Count one printed answer for the cache ``path`` (one ``O_APPEND`` byte; a reader without write access
+    to the cache's folder is simply not counted)."""
+    try:
+        fd = os.open(f"{path}.answers-{source}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        return
+    try:
+        os.write(fd, b".")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def mark_read(path: str) -> None:

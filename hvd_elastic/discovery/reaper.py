@@ -109,8 +109,8 @@ class Reaper:
     def answer(self, decisions, index: int, answered: float) -> None:
         self.judge.answer(decisions, index, answered)
 
-    def failure(self, error: str) -> None:
-        self.judge.failure(error)
+    def failure(self, error: BaseException | str) -> None:
+        self.judge.failure(str(error))
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self.judge.run, args=(stop,), name="reaper", daemon=True)

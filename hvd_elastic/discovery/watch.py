@@ -93,7 +93,8 @@ class Publisher:
             log.info("cache %s: Consul answered (index %d, %d hosts)", self.path, index, hosts.count(b"\n"))
         self._write(rec)
 
-    def failure(self, error: str) -> None:
+    def failure(self, error: BaseException | str) -> None:
+        error = str(error)
         if not self._last.error:
             log.warning("cache %s: %s; readers query Consul directly until it answers again", self.path, error)
         last = self._last
@@ -113,13 +114,16 @@ class Publisher:
             self._last = rec
 
     def close(self) -> None:
-        """Stop writing and remove the file (a reader then finds no cache, not a dead one)."""
+        """Stop writing and remove the file (a reader then finds no cache, not a dead one) and its answer counts."""
+        from hvd_elastic.discovery.fast import ANSWER_SOURCES
+
         with self._lock:
             self._closed = True
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for name in (self.path, *(f"{self.path}.answers-{source}" for source in ANSWER_SOURCES)):
+                try:
+                    os.unlink(name)
+                except OSError:
+                    pass
 
 
 def follow(fetch: Fetch, publisher, stop: threading.Event, failures: tuple[type[BaseException], ...],
@@ -140,7 +144,7 @@ def follow(fetch: Fetch, publisher, stop: threading.Event, failures: tuple[type[
             decisions, answered_index, answered_at = fetch(index)
         except failures as exc:
             for target in targets:
-                target.failure(str(exc))
+                target.failure(exc)
             index = 0
             if stop.wait(backoff * random.uniform(0.5, 1.0)):
                 return
@@ -164,11 +168,13 @@ def try_lock(path: str) -> int | None:
 
 
 def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[int, str] | None,
-        max_age: float, mode: int = 0o600, reap_grace: float | None = None) -> int:
+        max_age: float, mode: int = 0o600, reap_grace: float | None = None, metrics_addr: str | None = None) -> int:
     """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0.
 
     With a ``job`` and a ``reap_grace`` (seconds), also end the job's worker
-    sessions to every host Consul judges lost (:mod:`.reaper`).
+    sessions to every host Consul judges lost (:mod:`.reaper`).  With a
+    ``metrics_addr``, serve the watcher's metrics there
+    (:mod:`hvd_elastic.metrics.watcher`; one logged line and no metrics when it cannot).
     """
     from hvd_elastic.options import stop_on_signals  # the watcher's own process: start-up cost does not matter
 
@@ -185,6 +191,7 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
 
             listeners.append(Reaper(int(job[0]), reap_grace))
             listeners[-1].start(stop)
+        exporter = _serve_metrics(metrics_addr, path, listeners) if metrics_addr else None
         loop = threading.Thread(target=follow, args=(fetch, publisher, stop, failures, listeners), name="watch",
                                 daemon=True)
         loop.start()
@@ -202,6 +209,8 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
                     return 1
         finally:
             stop.set()
+            if exporter is not None:
+                exporter.stop()
             publisher.close()
             try:
                 os.unlink(lock_path)
@@ -209,6 +218,22 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
                 pass
             os.close(lock)
     return 0
+
+
+def _serve_metrics(addr: str, path: str, listeners: list):
+    """The watcher's exporter (its metrics join ``listeners``), or None after one logged line."""
+    try:  # the job's own watcher runs under -I -S: no site-packages
+        from hvd_elastic.metrics.exporter import Exporter
+        from hvd_elastic.metrics.watcher import WatcherMetrics
+    except ImportError as exc:
+        log.error("watcher metrics are off: %s (run the watcher as `hvd-elastic discover --watch`)", exc)
+        return None
+    metrics = WatcherMetrics(path)
+    exporter = Exporter(metrics.registry, "watcher")
+    if not exporter.start(addr, "--metrics-addr"):
+        return None
+    listeners.append(metrics)
+    return exporter
 
 
 def _idle_for(lock_path: str) -> float:

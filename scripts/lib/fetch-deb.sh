@@ -10,7 +10,7 @@
 #             one DEST names, the others are installed beside it
 #   CACHE     folder outside the checkout that keeps the binaries (CI's fresh
 #             clone reuses it);   LOCAL_DEB  a local copy to use instead of apt
-#   DEST      where the first binary goes
+#   DEST      where the first binary goes (its folder must exist: a venv's bin)
 # and defines is_wanted PATH: true when PATH is the binary wanted (its version).
 #
 # The package is fetched with apt through a PRIVATE sources list naming only
@@ -25,12 +25,12 @@ fail() {
     printf '%s: %s\n' "$TOOL" "$1" >&2
     local bin
     for bin in "${BINARIES[@]}"; do rm -f "$(dirname "$DEST")/$(basename "$bin")"; done
-    printf '%s\n' "$1" >"$DEST.unavailable"
+    printf '%s\n' "$1" 2>/dev/null >"$DEST.unavailable" || true
     exit 1
 }
 
 fetch_deb() {
-    mkdir -p "$(dirname "$DEST")"
+    [[ -d $(dirname "$DEST") ]] || fail "$WHAT unavailable: the folder of $DEST does not exist"
     local main=$CACHE/$(basename "${BINARIES[0]}")
     local work
     work=$(mktemp -d -t "$TOOL.XXXXXX")

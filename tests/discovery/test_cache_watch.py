@@ -286,3 +286,60 @@ def test_tokens_never_reach_cache_files_logs_or_command_lines(tmp_path, state, j
         for path in state.rglob("*"):
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
+
+
+def test_the_operator_watcher_serves_its_metrics(cluster, state, tmp_path, jobs):
+    """``--watch --metrics-addr``: answers, failures by kind, the cache's age and validity, calls by source."""
+    from hvd_elastic.testbed import ports, prometheus
+    from prometheus_client.parser import text_string_to_metric_families
+
+    local = cluster.addr("localhost")
+    register(local, slots="4")
+    cache_file = tmp_path / "horovod.hosts"
+    port = ports.reserve()[0]
+    env = clean_env(state, CONSUL_HTTP_ADDR=local)
+    watcher = subprocess.Popen([str(HVD_ELASTIC), "discover", "--watch", "--cache-file", str(cache_file),
+                                "--metrics-addr", f"127.0.0.1:{port}"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def scrape() -> tuple[bytes, dict[str, float]]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            body = answer.read()
+        values = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return body, values
+
+    try:
+        wait_until("the operator's cache", lambda: (r := read_record(cache_file)) and not r.error, WAIT)
+        job = jobs(env)
+        for _ in range(3):
+            assert job.discover("--cache-file", str(cache_file)).stdout == "localhost:4\n"
+        other = run_discovery(env, "--cache-file", str(cache_file), "--tag", "cpu")  # other settings: a direct query
+        assert other.returncode == 0 and "written for other discovery settings" in other.stderr
+        body, values = scrape()
+        assert values["hvd_elastic_discovery_calls_total{answer=cache}"] == 3
+        assert values["hvd_elastic_discovery_calls_total{answer=direct}"] == 1
+        assert values["hvd_elastic_discovery_hosts"] == 1 and values["hvd_elastic_discovery_cache_valid"] == 1
+        assert values["hvd_elastic_discovery_consul_answers_total"] >= 1
+        assert 0 <= values["hvd_elastic_discovery_cache_age_seconds"] < 70  # the blocking query's 60 s wait + slack
+        if prometheus.unavailable_reason() is None:
+            check = prometheus.check_metrics(body)
+            assert check.returncode == 0 and not check.stdout.strip(), check.stdout
+        cluster.stop_node("localhost")  # Consul's agent gone: the watcher's read fails, the cache is invalid
+        wait_until("a failure counted", lambda: scrape()[1]["hvd_elastic_discovery_cache_valid"] == 0, WAIT)
+        assert scrape()[1]["hvd_elastic_discovery_consul_errors_total{kind=unreachable}"] >= 1
+        cluster.start_node("localhost")
+        wait_until("the watcher's recovery", lambda: scrape()[1]["hvd_elastic_discovery_cache_valid"] == 1, 60)
+        os.killpg(watcher.pid, signal.SIGTERM)
+        assert watcher.wait(timeout=WAIT) == 0
+        assert not list(tmp_path.glob("horovod.hosts*")), list(tmp_path.iterdir())  # counts removed with the cache
+    finally:
+        if watcher.poll() is None:
+            os.killpg(watcher.pid, signal.SIGKILL)
+            watcher.wait()
+        watcher.stderr.close()
