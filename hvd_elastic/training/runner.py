@@ -72,6 +72,8 @@ from hvd_elastic.training.events import EventLog, describe_error
 
 log = logging.getLogger(__name__)
 
+METRICS_RETRY_S = 5.0
+
 # What checkpointing needs from the state (TrainingState has all of it).
 _CHECKPOINT_STATE_API = ("snapshot", "load_snapshot", "add_listener")
 
@@ -188,6 +190,7 @@ class _Session:
         self._metrics_addr = (config.metrics_addr if config.metrics_addr is not None
                               else os.environ.get(metrics_address.ENV, "")).strip()
         self._exporter: Exporter | None = None
+        self._metrics_retry_at: float | None = None
         self._committed_step = getattr(state, "step", None)
         self._step_at_error = None
 
@@ -321,6 +324,8 @@ class _Session:
         if event == "commit":
             self._committed_step = getattr(self.state, "step", None)
             self.metrics.on_commit(fields.get("seconds", 0.0), self._committed_step, _sample_position(self.state))
+            if self._metrics_retry_at is not None and time.monotonic() >= self._metrics_retry_at:
+                self._serve_metrics()
         elif event == "sync":
             self.metrics.on_sync(fields.get("seconds", 0.0), fields.get("bytes", 0))
             self._committed_step = getattr(self.state, "step", None)
@@ -329,7 +334,12 @@ class _Session:
             self._step_at_error = None
 
     def _serve_metrics(self) -> None:
-        """Rank 0 serves the job's metrics (when an address is set); a process that is no longer rank 0 stops."""
+        """Rank 0 serves the job's metrics (when an address is set); a process that is no longer rank 0 stops.
+
+        A port still held (the previous rank 0 on the same machine has not exited yet) is tried again
+        at a commit every ``METRICS_RETRY_S``; the exporter logs each reason once.
+        """
+        self._metrics_retry_at = None
         if not self._metrics_addr:
             return
         if self._rank == 0:
@@ -337,7 +347,8 @@ class _Session:
                 registry = CollectorRegistry(auto_describe=True)
                 registry.register(self.metrics)
                 self._exporter = Exporter(registry, "job")
-            self._exporter.start(self._metrics_addr, self._metrics_source)
+            if not self._exporter.start(self._metrics_addr, self._metrics_source):
+                self._metrics_retry_at = time.monotonic() + METRICS_RETRY_S
         elif self._exporter is not None:
             self._exporter.stop()
 
