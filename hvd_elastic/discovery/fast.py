@@ -79,6 +79,7 @@ def cached_answer(argv: list[str]) -> cache.Record | None:
     if where is None:
         return None
     path, key = where
+    operators = False
     try:
         rec = cache.load(path, key, (os.getuid(),))
         if rec is None:
@@ -86,13 +87,15 @@ def cached_answer(argv: list[str]) -> cache.Record | None:
             if alias is not None:
                 path, key = alias
                 rec = cache.load(path, key, (os.getuid(), 0))  # an operator's: root's will do
+                operators = True
     except cache.CacheInvalid as exc:
         sys.stderr.write(f"discover: ignoring the host cache {path}: {exc}\n")
         return None
     if rec is None or cache.untrusted_reason(rec) is not None:
         return None  # the full path queries Consul and restarts the watcher if it died
     mark_read(path)
-    count_answer(path, "cache")
+    if operators:  # only an operator's watcher serves metrics; a job's own cache keeps no counts
+        count_answer(path, "cache")
     return rec
 
 
@@ -115,8 +118,8 @@ def write_alias(alias: str, target: str, fingerprint: str) -> None:
     os.replace(tmp, alias)
 
 
-#: ``PATH.answers-<source>``: one byte per answer a discovery call printed for the cache ``PATH``, from the
-#: cache or after a direct query; the watcher serving ``--metrics-addr`` reads their sizes as counters.
+#: ``PATH.answers-<source>``: one byte per answer a discovery call printed for an operator's cache ``PATH``
+#: (``--cache-file``), from it or after a direct query; its watcher's ``--metrics-addr`` serves their sizes.
 ANSWER_SOURCES = ("cache", "direct")
 
 

@@ -160,8 +160,9 @@ def test_every_exporter_passes_promtool(cluster, node_agents, tmp_path):
     local = cluster.addr("localhost")
     job_port, agent_port = ports.reserve(2)
     env = child_env(discovery_state=tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local)
-    node_agents.start(local, "--slots", "2", "--ttl", "2", "--interval", "0.3", "--metrics-addr", str(agent_port),
-                      name="localhost")
+    agent_args = ("--slots", "1", "--ttl", "2", "--interval", "0.3")
+    node_agents.start(local, *agent_args, "--metrics-addr", str(agent_port), name="localhost")
+    node_agents.start(cluster.addr("127.0.0.1"), *agent_args, name="127.0.0.1")  # horovodrun needs two hosts
     job_env = dict(env, SIZES_DIR=str(tmp_path), HVD_ELASTIC_METRICS_ADDR=f":{job_port}")
     cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {local}", 2, 1, 2), sys.executable, WORKER]
     sizes = WorldSizes(tmp_path / "sizes.*.jsonl")
