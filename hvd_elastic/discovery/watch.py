@@ -233,7 +233,25 @@ def _serve_metrics(addr: str, path: str, listeners: list):
     if not exporter.start(addr, "--metrics-addr"):
         return None
     listeners.append(metrics)
+    _open_answer_counts(path)
     return exporter
+
+
+def _open_answer_counts(path: str) -> None:
+    """Create the answer counters writable by every job's user (the cache's folder may be root's, as
+    systemd's ``RuntimeDirectory`` is): a count is all anyone can spoil there."""
+    from hvd_elastic.discovery.fast import ANSWER_SOURCES
+
+    for source in ANSWER_SOURCES:
+        try:
+            fd = os.open(f"{path}.answers-{source}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            log.warning("cannot create %s.answers-%s: %s; answers are not counted", path, source, exc)
+            continue
+        try:
+            os.fchmod(fd, 0o666)  # past the umask
+        finally:
+            os.close(fd)
 
 
 def _idle_for(lock_path: str) -> float:

@@ -316,6 +316,8 @@ def test_the_operator_watcher_serves_its_metrics(cluster, state, tmp_path, jobs)
 
     try:
         wait_until("the operator's cache", lambda: (r := read_record(cache_file)) and not r.error, WAIT)
+        for source in ("cache", "direct"):  # every job's user may count, whoever owns the folder
+            assert Path(f"{cache_file}.answers-{source}").stat().st_mode & 0o777 == 0o666
         job = jobs(env)
         for _ in range(3):
             assert job.discover("--cache-file", str(cache_file)).stdout == "localhost:4\n"
