@@ -211,48 +211,55 @@ class JobMetrics(Collector):
     # -------------------------------------------------------------- rendered at scrape time
 
     def collect(self):
+        # Built under the lock, yielded outside it: a consumer that stops half-way (an error while
+        # rendering keeps the generator alive in a traceback) must never leave training waiting.
         with self._lock:
-            yield _gauge("hvd_elastic_world_size", "Ranks in the current world.", self.world_size)
-            seen = GaugeMetricFamily("hvd_elastic_world_size_seen", "Smallest and largest world this job trained in.",
-                                     labels=["bound"])
-            for bound in ("min", "max"):
-                seen.add_metric([bound], self.size_seen[bound])
-            yield seen
-            yield _gauge("hvd_elastic_rank", "This process's rank (the exporter is rank 0's).", self.rank)
-            resets = CounterMetricFamily("hvd_elastic_resets", "Resets of the world, by cause.", labels=["cause"])
-            for cause in CAUSES:
-                resets.add_metric([cause], self.resets[cause])
-            yield resets
-            for name, help_text in _COUNTERS.items():
-                yield CounterMetricFamily(f"hvd_elastic_{name}", help_text, value=self.counters[name])
-            writes = CounterMetricFamily("hvd_elastic_checkpoint_writes", "Checkpoint writes finished, by outcome.",
-                                         labels=["outcome"])
-            for outcome in ("ok", "error"):
-                writes.add_metric([outcome], self.checkpoint_writes[outcome])
-            yield writes
-            in_flight = self.counters["checkpoints_started"] - sum(self.checkpoint_writes.values())
-            yield _gauge("hvd_elastic_checkpoint_write_in_progress", "1 while a checkpoint is being written.",
-                         1 if in_flight > 0 else 0)
-            if self.checkpoint["time"] is not None:
-                yield _gauge("hvd_elastic_checkpoint_timestamp_seconds",
-                             "When the newest durable checkpoint was written (Unix time).", self.checkpoint["time"])
-            if self.checkpoint["step"] is not None:
-                yield _gauge("hvd_elastic_checkpoint_step", "The step of the newest durable checkpoint.",
-                             self.checkpoint["step"])
-            yield _gauge("hvd_elastic_resetting", "1 from an interrupt to the first commit after it.",
-                         1 if self.open_reset is not None else 0)
-            phases = HistogramMetricFamily("hvd_elastic_reset_phase_seconds", "Each phase of a reset.",
-                                           labels=["phase"])
-            for phase, hist in self.phases.items():
-                phases.add_metric([phase], hist.cumulative(), hist.sum)
-            yield phases
-            yield _histogram("hvd_elastic_recovery_seconds",
-                             "From the interrupt (or the failure's last commit) to the first commit after it.",
-                             self.recovery)
-            for what, help_text in (("commit", "Commit of the training state."),
-                                    ("sync", "Sync of the training state from rank 0."),
-                                    ("checkpoint_write", "Writing one checkpoint (in the background).")):
-                yield _histogram(f"hvd_elastic_{what}_seconds", help_text, self.durations[what])
+            families = list(self._families())
+        yield from families
+
+    def _families(self):
+        """Every family, from plain numbers; the caller holds the lock."""
+        yield _gauge("hvd_elastic_world_size", "Ranks in the current world.", self.world_size)
+        seen = GaugeMetricFamily("hvd_elastic_world_size_seen", "Smallest and largest world this job trained in.",
+                                 labels=["bound"])
+        for bound in ("min", "max"):
+            seen.add_metric([bound], self.size_seen[bound])
+        yield seen
+        yield _gauge("hvd_elastic_rank", "This process's rank (the exporter is rank 0's).", self.rank)
+        resets = CounterMetricFamily("hvd_elastic_resets", "Resets of the world, by cause.", labels=["cause"])
+        for cause in CAUSES:
+            resets.add_metric([cause], self.resets[cause])
+        yield resets
+        for name, help_text in _COUNTERS.items():
+            yield CounterMetricFamily(f"hvd_elastic_{name}", help_text, value=self.counters[name])
+        writes = CounterMetricFamily("hvd_elastic_checkpoint_writes", "Checkpoint writes finished, by outcome.",
+                                     labels=["outcome"])
+        for outcome in ("ok", "error"):
+            writes.add_metric([outcome], self.checkpoint_writes[outcome])
+        yield writes
+        in_flight = self.counters["checkpoints_started"] - sum(self.checkpoint_writes.values())
+        yield _gauge("hvd_elastic_checkpoint_write_in_progress", "1 while a checkpoint is being written.",
+                     1 if in_flight > 0 else 0)
+        if self.checkpoint["time"] is not None:
+            yield _gauge("hvd_elastic_checkpoint_timestamp_seconds",
+                         "When the newest durable checkpoint was written (Unix time).", self.checkpoint["time"])
+        if self.checkpoint["step"] is not None:
+            yield _gauge("hvd_elastic_checkpoint_step", "The step of the newest durable checkpoint.",
+                         self.checkpoint["step"])
+        yield _gauge("hvd_elastic_resetting", "1 from an interrupt to the first commit after it.",
+                     1 if self.open_reset is not None else 0)
+        phases = HistogramMetricFamily("hvd_elastic_reset_phase_seconds", "Each phase of a reset.",
+                                       labels=["phase"])
+        for phase, hist in self.phases.items():
+            phases.add_metric([phase], hist.cumulative(), hist.sum)
+        yield phases
+        yield _histogram("hvd_elastic_recovery_seconds",
+                         "From the interrupt (or the failure's last commit) to the first commit after it.",
+                         self.recovery)
+        for what, help_text in (("commit", "Commit of the training state."),
+                                ("sync", "Sync of the training state from rank 0."),
+                                ("checkpoint_write", "Writing one checkpoint (in the background).")):
+            yield _histogram(f"hvd_elastic_{what}_seconds", help_text, self.durations[what])
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
