@@ -19,7 +19,8 @@ import argparse
 import os
 import sys
 
-from hvd_elastic.consul.config import ConfigError, ConsulConfig, parse_bool
+from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.envvars import ConfigError, parse_bool
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.standby import protocol
 

@@ -23,29 +23,10 @@ TYPE_CHECKING = False  # typing and ssl cost start-up time on discovery's path (
 if TYPE_CHECKING:
     import ssl
 
+# The environment's value rules are the whole project's (re-exported: Consul's settings raise them too).
+from hvd_elastic.envvars import ConfigError, env_bool, parse_bool  # noqa: F401
+
 DEFAULT_CONSUL_ADDR = "127.0.0.1:8500"
-
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the value and what was expected."""
-
-
-def parse_bool(name: str, value: str) -> bool:
-    """Parse a boolean the way Go's ``strconv.ParseBool`` (and so Consul) does."""
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}={value!r} is not a boolean (expected one of 1, t, true, 0, f, false)")
-
-
-def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """Variable ``name`` as :func:`parse_bool` reads it, ``default`` when unset or empty."""
-    value = (os.environ if environ is None else environ).get(name, "")
-    return parse_bool(name, value) if value else default
 
 
 @dataclasses.dataclass(frozen=True)

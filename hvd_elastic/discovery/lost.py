@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from hvd_elastic.consul.config import ConfigError
+from hvd_elastic.envvars import env_seconds
 from hvd_elastic.discovery import hosts as hostlib
 
 log = logging.getLogger(__name__)
@@ -79,16 +79,7 @@ def host_states(decisions: Iterable[hostlib.Decision]) -> dict[str, tuple[HostSt
 
 def grace_from_env(environ=os.environ) -> float:
     """``HVD_ELASTIC_HEALTH_GRACE`` in seconds (default 1); ConfigError naming a bad value."""
-    raw = environ.get(GRACE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ConfigError(f"{GRACE_ENV}={raw!r} is not a number of seconds >= 0")
-    return value
+    return env_seconds(GRACE_ENV, DEFAULT_GRACE_S, environ)
 
 
 class LostHostJudge:

@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 
-from hvd_elastic.consul.config import env_bool
+from hvd_elastic.envvars import env_bool
 from hvd_elastic.discovery import host_answers, lost, procfs
 
 log = logging.getLogger(__name__)

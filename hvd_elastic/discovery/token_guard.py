@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hvd_elastic.consul.config import ConfigError, env_bool
+from hvd_elastic.envvars import ConfigError, env_bool
 from hvd_elastic.discovery import jobdir
 
 ALLOW_ENV = "HVD_ELASTIC_ALLOW_EXPOSED_TOKEN"

@@ -74,7 +74,7 @@ only the descriptors multiprocessing passes them; no at-fork hook runs), and
 forks from C code (which run no Python at-fork hooks) are not covered.
 
 Off switch: ``HVD_ELASTIC_FORK_SAFETY=0`` (any false value of
-:func:`hvd_elastic.consul.config.parse_bool`), read by the first :func:`install`.
+:func:`hvd_elastic.envvars.parse_bool`), read by the first :func:`install`.
 Without Linux's ``/proc`` :func:`install` logs one warning and does nothing.
 """
 
@@ -87,7 +87,7 @@ import signal
 import sys
 import threading
 
-from hvd_elastic.consul.config import parse_bool
+from hvd_elastic.envvars import parse_bool
 from hvd_elastic.training import gloo_hangup
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ _fork = threading.local()
 def install() -> bool:
     """Register the at-fork hooks once; return whether they are active in this process.
 
-    Raises :class:`hvd_elastic.consul.config.ConfigError` if ``HVD_ELASTIC_FORK_SAFETY``
+    Raises :class:`hvd_elastic.envvars.ConfigError` if ``HVD_ELASTIC_FORK_SAFETY``
     holds no boolean.
     """
     global _installed, _prctl

@@ -43,7 +43,7 @@ that shape is still found (a newer Gloo that registers its listener in the
 same loop would make the hang-up silently match nothing).
 
 Off switch: ``HVD_ELASTIC_GLOO_HANGUP=0`` (any false value of
-:func:`hvd_elastic.consul.config.parse_bool`).  Without Linux's ``/proc`` it
+:func:`hvd_elastic.envvars.parse_bool`).  Without Linux's ``/proc`` it
 finds nothing and does nothing.
 """
 
@@ -56,7 +56,7 @@ import stat
 import struct
 from typing import NamedTuple
 
-from hvd_elastic.consul.config import env_bool
+from hvd_elastic.envvars import env_bool
 
 log = logging.getLogger(__name__)
 

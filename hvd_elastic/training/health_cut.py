@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 
-from hvd_elastic.consul.config import ConfigError, env_bool
+from hvd_elastic.envvars import ConfigError, env_bool
 from hvd_elastic.discovery import lost
 from hvd_elastic.training import gloo_hangup
 

@@ -51,7 +51,7 @@ import socket
 import time
 from pathlib import Path
 
-from hvd_elastic.consul.config import env_bool
+from hvd_elastic.envvars import env_bool
 
 LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
 MARKER_PREFIX = ".hvd-elastic-shared-"

@@ -1,0 +1,38 @@
+"""hvd_elastic.envvars: one way to read a boolean or seconds from the environment, and training needs no Consul for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hvd_elastic.envvars import ConfigError, env_bool, env_seconds
+
+
+def test_booleans_read_like_go_with_a_default_when_unset_or_empty():
+    assert env_bool("X", True, {}) is True and env_bool("X", False, {"X": ""}) is False
+    assert env_bool("X", False, {"X": "t"}) is True and env_bool("X", True, {"X": "0"}) is False
+    with pytest.raises(ConfigError, match=r"^X='yes' is not a boolean \(expected one of 1, t, true, 0, f, false\)$"):
+        env_bool("X", True, {"X": "yes"})
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "soon", "1e999"])
+def test_bad_seconds_name_the_variable_and_value(raw):
+    with pytest.raises(ConfigError) as info:
+        env_seconds("HVD_ELASTIC_HEALTH_GRACE", 1.0, {"HVD_ELASTIC_HEALTH_GRACE": raw})
+    assert str(info.value) == f"HVD_ELASTIC_HEALTH_GRACE={raw!r} is not a number of seconds >= 0"
+
+
+def test_seconds():
+    assert env_seconds("S", 1.5, {}) == 1.5 and env_seconds("S", 1.5, {"S": " 0.25 "}) == 0.25
+
+
+def test_training_reads_its_switches_without_the_consul_layer():
+    modules = ["hvd_elastic.training.forksafe", "hvd_elastic.training.gloo_hangup", "hvd_elastic.training.shared_dir",
+               "hvd_elastic.training.health_cut"]
+    code = (f"import sys; [__import__(m) for m in {modules!r}]; "
+            "print(sorted(m for m in sys.modules if m.startswith('hvd_elastic.consul')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
