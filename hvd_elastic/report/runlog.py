@@ -18,26 +18,14 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from hvd_elastic.training.events import json_objects
+from hvd_elastic.training.events import EVENTS as EVENT_NAMES, json_objects
 
 EVENTS = "events.jsonl"
 PROGRESS = "progress.jsonl"
 ACTIONS = "actions.jsonl"
 
-#: Events :mod:`hvd_elastic.training.runner` writes, with the numeric fields the report reads from each.
-KNOWN_EVENTS: dict[str, tuple[str, ...]] = {
-    "start": ("size",),
-    "resume": (),
-    "checkpoint_skipped": (),
-    "commit": ("size",),
-    "sync": (),
-    "restore": (),
-    "reset": ("new_size",),
-    "checkpoint": (),
-    "checkpoint_error": (),
-    "finish": (),
-    "abort": (),
-}
+#: The numeric fields the report reads, by event; an event of ``EVENT_NAMES`` not named here needs none.
+NEEDED_NUMBERS: dict[str, tuple[str, ...]] = {"start": ("size",), "commit": ("size",), "reset": ("new_size",)}
 #: Fields every progress row needs (``loss`` and ``epoch`` are optional).
 PROGRESS_FIELDS = ("time", "step", "size")
 
@@ -100,10 +88,10 @@ def _records(path: Path, warnings: list[str]) -> Iterator[dict]:
 
 def _known_event(record: dict, warnings: list[str]) -> bool:
     name = record.get("event")
-    if name not in KNOWN_EVENTS:
-        warnings.append(f"{record['_where']}: unknown event {name!r} (known: {', '.join(KNOWN_EVENTS)}); skipped")
+    if name not in EVENT_NAMES:
+        warnings.append(f"{record['_where']}: unknown event {name!r} (known: {', '.join(EVENT_NAMES)}); skipped")
         return False
-    return _has_numbers(record, ("time", *KNOWN_EVENTS[name]), warnings)
+    return _has_numbers(record, ("time", *NEEDED_NUMBERS.get(name, ())), warnings)
 
 
 def _has_numbers(record: dict, fields: tuple[str, ...], warnings: list[str]) -> bool:

@@ -28,8 +28,12 @@ Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
                     record's ``time`` is when training resumed after the sync
 ``checkpoint``      a write finished: ``path``, ``bytes``, ``seconds``, step...
 ``checkpoint_error`` a write failed: ``path``, ``error``
-``finish``          the training function returned
+``finish``          the training function returned: ``commit_count``
+``abort``           the call ended with an exception: ``error``
 =================== ==========================================================
+
+:data:`EVENTS` names them in that order; readers (``hvd-elastic report``) take
+their list from it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
+
+#: Every event the decorator and its checkpoint writer append (the table above).
+EVENTS = ("start", "resume", "checkpoint_skipped", "commit", "sync", "restore", "reset", "checkpoint",
+          "checkpoint_error", "finish", "abort")
 
 
 class EventLog:

@@ -78,3 +78,21 @@ def test_write_errors_do_not_raise(tmp_path, caplog):
     assert "could not append start event" in caplog.text
     log.close()
 
+
+
+def test_every_event_written_is_named_once_in_events():
+    """The names the decorator, the state and the checkpoint writer emit are EVENTS, which report reads."""
+    import re
+
+    from hvd_elastic.report import runlog
+    from hvd_elastic.testbed import REPO
+    from hvd_elastic.training.events import EVENTS
+
+    training = REPO / "hvd_elastic" / "training"
+    emitted = {name for module in ("runner.py", "state.py", "checkpoint.py")
+               for name in re.findall(r"_emit\(\"(\w+)\"", (training / module).read_text())}
+    assert emitted and emitted <= set(EVENTS), emitted - set(EVENTS)
+    assert set(runlog.NEEDED_NUMBERS) <= set(EVENTS)
+    table = (training / "events.py").read_text().split('"""')[1].split("=" * 19 + " ")[1]  # between the rules
+    documented = re.findall(r"^``(\w+)``", table.split("\n", 1)[1], re.M)
+    assert documented == list(EVENTS)
