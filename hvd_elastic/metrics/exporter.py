@@ -8,6 +8,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from hvd_elastic.fds import release
 from hvd_elastic.metrics.address import MetricsAddressError, parse
 
 log = logging.getLogger(__name__)
@@ -75,19 +76,13 @@ def _release_in_children(exporter: Exporter) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The serving thread is not in the child, but the listening socket is: /dev/null over its
-    # number drops the child's reference (the port closes with the parent) and keeps the number
-    # taken, so the inherited server object cannot act on an unrelated file later.
-    for exporter in list(_live):
-        server, exporter._server = exporter._server, None
-        if server is None:
-            continue
-        try:
-            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                os.dup2(null, server.socket.fileno(), inheritable=False)
-            finally:
-                os.close(null)
-        except OSError:
-            pass  # never break a fork
+    # The serving thread is not in the child, but the listening socket is: released, the port
+    # closes with the parent, and the inherited server object cannot act on an unrelated file later.
+    servers = [exporter._server for exporter in _live if exporter._server is not None]
+    for exporter in _live:
+        exporter._server = None
     _live.clear()
+    try:
+        release(server.socket.fileno() for server in servers)
+    except OSError:
+        pass  # never break a fork

@@ -88,6 +88,7 @@ import sys
 import threading
 
 from hvd_elastic.envvars import parse_bool
+from hvd_elastic.fds import FD_DIR, release
 from hvd_elastic.training import gloo_hangup
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,6 @@ log = logging.getLogger(__name__)
 #: Set to a false boolean ("0", "false") to turn the hooks off.
 ENV = "HVD_ELASTIC_FORK_SAFETY"
 
-FD_DIR = "/proc/self/fd"
 _PR_SET_PDEATHSIG = 1
 
 _installed: bool | None = None  # the first install()'s answer
@@ -144,13 +144,7 @@ def install() -> bool:
 def release_gloo_sockets() -> list[int]:
     """Drop this process's references to its Gloo connections (see the module docstring); return the numbers."""
     fds = gloo_hangup.gloo_sockets()
-    if fds:
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            for fd in fds:
-                os.dup2(null, fd, inheritable=False)
-        finally:
-            os.close(null)
+    release(fds)
     return fds
 
 

@@ -57,14 +57,13 @@ import struct
 from typing import NamedTuple
 
 from hvd_elastic.envvars import env_bool
+from hvd_elastic.fds import FD_DIR, FDINFO_DIR
 
 log = logging.getLogger(__name__)
 
 #: Set to a false boolean ("0", "false") to turn the hang-up off.
 ENV = "HVD_ELASTIC_GLOO_HANGUP"
 
-FD_DIR = "/proc/self/fd"
-FDINFO_DIR = "/proc/self/fdinfo"
 
 
 class Endpoint(NamedTuple):
