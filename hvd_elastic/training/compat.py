@@ -22,6 +22,30 @@ HostUpdateResult``
 ``torch._foreach_copy_``             one batched copy of many tensors
 =================================== ============================================
 
+The couplings that are not attributes, so no import can check them; each is
+checked where it is used, at run time, and named here so an upgrade re-checks
+it too:
+
+=================================== ============================================
+coupling                            where, and how a change shows
+=================================== ============================================
+Gloo's TCP event loop: one epoll     :mod:`.gloo_hangup` (and so :mod:`.forksafe`,
+per device watching a wake-up pipe   :mod:`.health_cut`); ``check_found`` warns
+and only its pairs' TCP sockets,     once per run when a world of two or more
+each registered with a handler       ranks shows no such loop
+pointer as data
+``horovod/common/elastic.py:         :mod:`.elastic_loop` is that loop with the
+run_fn``: the retry loop             sync decision agreed by every rank; a changed
+(restore on HorovodInternalError,    loop shows as resets that differ from Horovod's
+keep on HostsUpdatedInterrupt,       own (``tests/training_run/test_elastic_loop.py``)
+shutdown, rendezvous, on_reset,
+sync)
+horovodrun's environment for the     ``HOROVOD_HOSTNAME`` names a rank's host
+workers: ``HOROVOD_HOSTNAME``,       (runner, health cut); every variable is copied
+``HOROVOD_ELASTIC=1``, and every     onto the workers' ssh command lines, which is
+launcher variable copied onto the    why a token in it is refused
+ssh command line                     (:mod:`hvd_elastic.discovery.token_guard`)
+=================================== ============================================
 """
 
 from __future__ import annotations
