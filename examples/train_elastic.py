@@ -119,11 +119,9 @@ def main() -> None:
                     scaler.update()
                 else:
                     optimizer.step()
-                sampler.record_batch()
-                state.step += 1
                 step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()  # the step's mean loss
                 time.sleep(args.step_delay)
-                state.commit()
+                state.commit_step()  # the step is done: sampler position, step count, commit
                 if hvd.rank() == 0:
                     with open(progress_path, "a") as progress:
                         progress.write(json.dumps({"time": time.time(), "epoch": state.epoch, "step": state.step,

@@ -2,7 +2,9 @@
 
 The training API is exported lazily, so command-line paths that never train
 (``hvd-elastic discover`` runs every second under horovodrun) do not import
-torch or horovod.  The ``TYPE_CHECKING`` block names the same objects for type
+torch or horovod.  ``CheckpointManager`` and ``EventLog`` are not exported:
+``run`` owns a job's checkpoints and event log, and a second writer in the same
+directory should never be the easy path (they stay in :mod:`hvd_elastic.training`).  The ``TYPE_CHECKING`` block names the same objects for type
 checkers and IDEs; keep it and ``_LAZY`` in step (a test checks they match).
 """
 
@@ -21,14 +23,10 @@ _LAZY = {
     "TrainingState": "hvd_elastic.training.state",
     "ExactlyOnceSampler": "hvd_elastic.training.sampler",
     "BatchPolicy": "hvd_elastic.training.batching",
-    "CheckpointManager": "hvd_elastic.training.checkpoint",
-    "EventLog": "hvd_elastic.training.events",
 }
 
 if TYPE_CHECKING:
     from hvd_elastic.training.batching import BatchPolicy
-    from hvd_elastic.training.checkpoint import CheckpointManager
-    from hvd_elastic.training.events import EventLog
     from hvd_elastic.training.runner import RunConfig, run
     from hvd_elastic.training.sampler import ExactlyOnceSampler
     from hvd_elastic.training.state import TrainingState

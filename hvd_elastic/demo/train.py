@@ -116,10 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                 optimizer.step()
                 scheduler.step()
                 evidence.applied(state)
-                sampler.record_batch()
-                state.step += 1
                 step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
-                state.commit()
+                state.commit_step()  # sampler position, step count, commit
                 evidence.committed(state.step, state.epoch, loss=round(step_loss, 6))
                 evidence.pause(args.step_delay)
             state.epoch += 1
