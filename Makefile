@@ -10,4 +10,5 @@ demo: bootstrap
 	$(VENV)/bin/hvd-elastic demo --consul dev
 
 test: bootstrap
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

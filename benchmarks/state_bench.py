@@ -183,7 +183,7 @@ class Bench:
             "ours.save": ours.save,
             "torchstate.commit": theirs.commit,
         }, args.rounds)
-        del copies
+        copies.clear()  # the copies' memory back before the sync's buffers
 
         # sync --------------------------------------------------------------------------------
         flat = torch.empty(nbytes // 4, dtype=torch.float32)
@@ -202,7 +202,7 @@ class Bench:
             # version counters miss, so rank 0 copies it before sending.
             "ours.sync (copy)": ours.check_host_updates,
         }))
-        del flat
+        flat.resize_(0)  # its memory back (the lambda above is not called again)
         wire = self.slowest(wire)  # one per ours.sync call: no copy, copy, no copy, ...
         samples["ours.sync (no copy): bucket broadcasts"] = wire[0::2]
         samples["ours.sync (copy): bucket broadcasts"] = wire[1::2]

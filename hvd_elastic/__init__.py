@@ -25,11 +25,11 @@ _LAZY = {
     "BatchPolicy": "hvd_elastic.training.batching",
 }
 
-if TYPE_CHECKING:
-    from hvd_elastic.training.batching import BatchPolicy
-    from hvd_elastic.training.runner import RunConfig, run
-    from hvd_elastic.training.sampler import ExactlyOnceSampler
-    from hvd_elastic.training.state import TrainingState
+if TYPE_CHECKING:  # names for type checkers only: __all__ lists them through _LAZY
+    from hvd_elastic.training.batching import BatchPolicy  # noqa: F401
+    from hvd_elastic.training.runner import RunConfig, run  # noqa: F401
+    from hvd_elastic.training.sampler import ExactlyOnceSampler  # noqa: F401
+    from hvd_elastic.training.state import TrainingState  # noqa: F401
 
 __all__ = ["__version__", *_LAZY]
 

@@ -19,12 +19,12 @@ import os
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+# The environment's value rules are the whole project's (re-exported: Consul's settings raise them too).
+from hvd_elastic.envvars import ConfigError, env_bool, parse_bool  # noqa: F401
+
 TYPE_CHECKING = False  # typing and ssl cost start-up time on discovery's path (run every second)
 if TYPE_CHECKING:
     import ssl
-
-# The environment's value rules are the whole project's (re-exported: Consul's settings raise them too).
-from hvd_elastic.envvars import ConfigError, env_bool, parse_bool  # noqa: F401
 
 DEFAULT_CONSUL_ADDR = "127.0.0.1:8500"
 

@@ -44,7 +44,6 @@ import socket
 import stat
 import sys
 import time
-from pathlib import Path
 
 from hvd_elastic import sdnotify
 from hvd_elastic.options import env, standby_name

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import psutil
-import pytest
 
 from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
