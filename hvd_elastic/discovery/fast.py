@@ -123,11 +123,16 @@ def write_alias(alias: str, target: str, fingerprint: str) -> None:
 ANSWER_SOURCES = ("cache", "direct")
 
 
+def answer_count_path(path: str, source: str) -> str:
+    """The file counting answers from ``source`` (one of :data:`ANSWER_SOURCES`) for the cache ``path``."""
+    return f"{path}.answers-{source}"
+
+
 def count_answer(path: str, source: str) -> None:
     """Count one printed answer for the cache ``path`` (one ``O_APPEND`` byte; a reader without write access
-    to the cache's folder is simply not counted)."""
+    to the counter is simply not counted)."""
     try:
-        fd = os.open(f"{path}.answers-{source}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        fd = os.open(answer_count_path(path, source), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError:
         return
     try:

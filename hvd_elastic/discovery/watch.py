@@ -115,11 +115,11 @@ class Publisher:
 
     def close(self) -> None:
         """Stop writing and remove the file (a reader then finds no cache, not a dead one) and its answer counts."""
-        from hvd_elastic.discovery.fast import ANSWER_SOURCES
+        from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
 
         with self._lock:
             self._closed = True
-            for name in (self.path, *(f"{self.path}.answers-{source}" for source in ANSWER_SOURCES)):
+            for name in (self.path, *(answer_count_path(self.path, source) for source in ANSWER_SOURCES)):
                 try:
                     os.unlink(name)
                 except OSError:
@@ -240,13 +240,14 @@ def _serve_metrics(addr: str, path: str, listeners: list):
 def _open_answer_counts(path: str) -> None:
     """Create the answer counters writable by every job's user (the cache's folder may be root's, as
     systemd's ``RuntimeDirectory`` is): a count is all anyone can spoil there."""
-    from hvd_elastic.discovery.fast import ANSWER_SOURCES
+    from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
 
     for source in ANSWER_SOURCES:
+        counter = answer_count_path(path, source)
         try:
-            fd = os.open(f"{path}.answers-{source}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            fd = os.open(counter, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as exc:
-            log.warning("cannot create %s.answers-%s: %s; answers are not counted", path, source, exc)
+            log.warning("cannot create %s: %s; answers are not counted", counter, exc)
             continue
         try:
             os.fchmod(fd, 0o666)  # past the umask

@@ -33,10 +33,6 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
     def cumulative(self) -> list[tuple[str, int]]:
         """``[(le, cumulative count), ...]`` ending with ``+Inf``, as ``HistogramMetricFamily`` takes them."""
         out, total = [], 0

@@ -5,9 +5,8 @@ Every rank keeps the same numbers: they are fed by events every rank sees
 are broadcast to all (:meth:`JobMetrics.carry` / :meth:`JobMetrics.adopt`, one
 small ``broadcast_object`` per sync).  So when rank 0's host is lost, the
 survivor that becomes rank 0 already holds the job's counters and serves
-them on: the series stay continuous, only the scrape target moves (see the
-README's ``prometheus.yml``, which gives every target of the job one
-``instance``).  A whole-job relaunch starts the counters from zero, which
+them on: the series stay continuous, only the scrape target moves (aggregate
+over ``instance``, as the README's dashboard does).  A whole-job relaunch starts the counters from zero, which
 Prometheus's ``rate``/``increase`` read as a counter reset.
 
 A reset is measured in four phases, each a label of

@@ -55,16 +55,13 @@ class NodeAgentMetrics:
         errors = Counter("hvd_elastic_node_consul_errors", "Consul requests that failed, by kind.", ["kind"],
                          registry=r)
         self.errors = {kind: errors.labels(kind=kind) for kind in ERROR_KINDS}
-        for status in STATUSES:
-            self.health.labels(status=status).set(0)
+        _one_of(self.health, None)
 
     def on_health(self, status: str) -> None:
-        for known in STATUSES:
-            self.health.labels(status=known).set(1 if known == status else 0)
+        _one_of(self.health, status)
 
     def on_probe(self, name: str, status: str, seconds: float) -> None:
-        for known in STATUSES:
-            self.probe_status.labels(probe=name, status=known).set(1 if known == status else 0)
+        _one_of(self.probe_status, status, probe=name)
         self.probe_seconds.labels(probe=name).set(seconds)
 
     def on_maintenance(self, service_id: str, drained: bool) -> None:
@@ -72,3 +69,9 @@ class NodeAgentMetrics:
 
     def on_consul_error(self, exc: BaseException) -> None:
         self.errors[consul_error_kind(exc)].inc()
+
+
+def _one_of(gauge: Gauge, status: str | None, **labels: str) -> None:
+    """A state set: 1 for ``status``, 0 for every other of :data:`STATUSES`."""
+    for known in STATUSES:
+        gauge.labels(**labels, status=known).set(1 if known == status else 0)

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.fast import ANSWER_SOURCES
+from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
 from hvd_elastic.metrics.nodeagent import ERROR_KINDS, consul_error_kind
 
 
@@ -31,7 +31,7 @@ class _Answers(Collector):
                                      "cache, by where the answer came from.", labels=["answer"])
         for source in ANSWER_SOURCES:
             try:
-                count = os.stat(f"{self.path}.answers-{source}").st_size
+                count = os.stat(answer_count_path(self.path, source)).st_size
             except OSError:
                 count = 0
             family.add_metric([source], count)
@@ -66,6 +66,6 @@ class WatcherMetrics:
         self.index.set(index)
         self.valid.set(1)
 
-    def failure(self, error: BaseException | str) -> None:
-        self.errors[consul_error_kind(error) if isinstance(error, BaseException) else "unreachable"].inc()
+    def failure(self, error: BaseException) -> None:
+        self.errors[consul_error_kind(error)].inc()
         self.valid.set(0)

@@ -54,3 +54,16 @@ def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, disc
         env["HVD_ELASTIC_DISCOVERY_STATE_DIR"] = str(discovery_state)
     env.update(extra)
     return env
+
+
+def fetched_binary_missing(what: str, script: str, *binaries: Path) -> str | None:
+    """Why ``binaries`` (put next to the venv's Python by ``scripts/<script>``, from bootstrap) cannot run, or None.
+
+    One line: what ``script`` left in ``<first binary>.unavailable`` when it failed, else where they are missing.
+    """
+    if all(os.access(binary, os.X_OK) for binary in binaries):
+        return None
+    note = Path(f"{binaries[0]}.unavailable")
+    if note.exists():
+        return note.read_text().strip()
+    return f"no {what} at {binaries[0]}: scripts/bootstrap.sh fetches it (scripts/{script})"

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from . import ports
-from .env import VENV_BIN
+from .env import VENV_BIN, fetched_binary_missing
 
 PROMETHEUS = VENV_BIN / "prometheus"
 PROMTOOL = VENV_BIN / "promtool"
@@ -27,12 +27,7 @@ PROMTOOL = VENV_BIN / "promtool"
 
 def unavailable_reason() -> str | None:
     """Why real Prometheus cannot run here (one line), or None."""
-    if os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK):
-        return None
-    note = Path(f"{PROMETHEUS}.unavailable")
-    if note.exists():
-        return note.read_text().strip()
-    return f"no Prometheus at {PROMETHEUS}: scripts/bootstrap.sh fetches it (scripts/fetch-prometheus.sh)"
+    return fetched_binary_missing("Prometheus", "fetch-prometheus.sh", PROMETHEUS, PROMTOOL)
 
 
 def check_metrics(exposition: bytes) -> subprocess.CompletedProcess:

@@ -38,7 +38,7 @@ from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
 
 from . import ports
-from .env import VENV_BIN
+from .env import VENV_BIN, fetched_binary_missing
 
 #: Where bootstrap puts the binary; ``<CONSUL>.unavailable`` holds why it could not.
 CONSUL = VENV_BIN / "consul"
@@ -47,12 +47,7 @@ SERVER = "consul-server"
 
 def unavailable_reason() -> str | None:
     """Why real Consul cannot run here (one line), or None when :data:`CONSUL` is there."""
-    if os.access(CONSUL, os.X_OK):
-        return None
-    note = Path(f"{CONSUL}.unavailable")
-    if note.exists():
-        return note.read_text().strip()
-    return f"no real Consul at {CONSUL}: scripts/bootstrap.sh fetches it (scripts/fetch-consul.sh)"
+    return fetched_binary_missing("real Consul", "fetch-consul.sh", CONSUL)
 
 
 #: Where a node's agent runs: (its address, the command prefix that runs a program there).
