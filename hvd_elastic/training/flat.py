@@ -191,18 +191,24 @@ def broadcast_buffer(
         for i, bucket in enumerate(buckets):
             if fill is not None:
                 fill(bucket.indices)
-            handles.append(hvd.broadcast_async_(bucket.data, root_rank, name=f"{name}.{i}"))
+            handles.append(hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}"))
         for handle in handles:
             hvd.synchronize(handle)
     else:
         handles = [
-            hvd.broadcast_async_(bucket.data, root_rank, name=f"{name}.{i}") for i, bucket in enumerate(buckets)
+            hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}") for i, bucket in enumerate(buckets)
         ]
         for bucket, handle in zip(buckets, handles):
             hvd.synchronize(handle)
             if unpack is not None:
                 unpack(bucket.indices)
     return sum(b.data.numel() * b.data.element_size() for b in buckets)
+
+
+def as_bytes(data: torch.Tensor) -> torch.Tensor:
+    """A contiguous range of a buffer as uint8: what collectives move, whatever its dtype
+    (Horovod refuses some, bool among them; bytes also travel exactly)."""
+    return data.view(torch.uint8)
 
 
 def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:

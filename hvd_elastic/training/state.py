@@ -10,9 +10,12 @@ A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
   CUDA exists): no ``deepcopy``, no second device copy; the buffer is
   reallocated only when the layout changes (Adam's moments appear after the
   first step);
-* syncs by broadcasting that buffer from rank 0 in a few large buckets plus
-  one ``broadcast_object`` for everything small, and creates a new rank's
-  optimizer state directly from it (no dummy ``optimizer.step()``, so no
+* syncs with one ``broadcast_object`` for everything small and, for the
+  tensors, moves only what ranks lack: digests of the buffer show which
+  ranks already hold rank 0's committed tensors (survivors usually do), and
+  those send the rest in disjoint stripes to the ranks that need it
+  (:mod:`~hvd_elastic.training.transfer`); a new rank's optimizer state is
+  created directly from the bytes (no dummy ``optimizer.step()``, so no
   parameter moves);
 * re-partitions the sampler and applies the :class:`BatchPolicy` after EVERY
   reset, including removal-only resets where Horovod skips ``sync``.
@@ -73,7 +76,7 @@ import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
 
-from hvd_elastic.training import compat, forksafe
+from hvd_elastic.training import compat, forksafe, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer, copy_tensors
@@ -200,8 +203,10 @@ class TrainingState(State):
         """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync".
 
         Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``;
-        restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` and
-        ``broadcast_seconds`` (the bucket broadcasts with the copies they overlap).
+        restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` (this rank's
+        ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``,
+        ``broadcast`` or ``stripes``), ``receivers`` (ranks that were sent tensors)
+        and ``broadcast_seconds`` (the transfer, with the copies it overlaps).
         """
         self._listeners.append(fn)
 
@@ -290,61 +295,86 @@ class TrainingState(State):
     def sync(self) -> None:
         """Make every rank equal to rank 0's live state, and commit it locally.
 
-        Collective: one ``broadcast_object`` (layout and small state) and a few
-        bucket broadcasts of the flat buffer.  When rank 0's tensors are still
-        those of its last commit, restore or sync (nothing but ``commit()``
-        checked for host updates since, and PyTorch's version counters did not
-        move), it sends its committed copy as is instead of copying them
-        again.  Changes made through ``.data`` escape version counters:
-        ``commit()`` after making them.
+        Collective.  Rank 0 broadcasts its layout and small state (one
+        ``broadcast_object``).  Then, when rank 0's tensors are still those of
+        its last commit, restore or sync (nothing but ``commit()`` checked for
+        host updates since, and PyTorch's version counters did not move), every
+        rank proves with digests of its commit buffer which tensors it already
+        holds exactly (:mod:`~hvd_elastic.training.transfer`), and only the
+        rest moves: nothing after a failure all survivors restored from, the
+        joiner's share after a join.  Otherwise rank 0 copies its live tensors
+        and broadcasts them to everyone.  Changes made through ``.data``
+        escape version counters: ``commit()`` after making them.
         """
         start = time.perf_counter()
-        rank = hvd.rank()
+        rank, size = hvd.rank(), hvd.size()
         if rank == 0:
             named, meta = self._capture()
-            with self.snapshot_lock:
-                buffer = self._buffer_for(FlatLayout.of(named))
-            hvd.broadcast_object({"layout": buffer.layout.describe(), "meta": meta}, root_rank=0,
-                                 name="hvd_elastic.sync.header")
             live = [t for _, t in named]
+            # After a restore, or an interrupt raised by commit(), the live
+            # tensors ARE the committed copy: nothing to copy, and the other
+            # ranks may hold it already.
+            fresh = self._clean_versions is None or self._clean_versions != compat.tensor_versions(live)
+            with self.snapshot_lock:
+                before = self._buffer
+                layout = self._buffer_for(FlatLayout.of(named)).layout
+                fresh = fresh or self._buffer is not before  # a new layout: the old buffer is gone
+            header = {"layout": layout.describe(), "meta": meta, "fresh": fresh}
+            hvd.broadcast_object(header, root_rank=0, name="hvd_elastic.sync.header")
+        else:
+            header = hvd.broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
+            layout, meta, fresh = FlatLayout.parse(header["layout"]), header["meta"], header["fresh"]
+            live = self._live_tensors()
+        targets = {} if rank == 0 else self._targets(meta)
+        done: set[str] = set()
+        with self.snapshot_lock:
+            held = self._buffer is not None and self._buffer.layout == layout
+            # A rank whose live tensors are its committed ones needs no unpacking of what it holds.
+            clean = held and self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
+            buffer = self._buffer_for(layout)
+            if fresh:
+                chosen = transfer.Plan.everyone(size, len(layout))
+            else:
+                table = transfer.digests(buffer if held else None, len(layout))
+                chosen = transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
 
             def fill(indices: list[int]) -> None:
                 buffer.copy_indices(indices, live)
 
-            # After a restore, or an interrupt raised by commit(), the live
-            # tensors ARE the committed copy: send that, skip the copy.
-            unchanged = self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
+            def unpack(indices: list[int]) -> None:
+                # Straight into the live tensors while the next bucket is on the wire.
+                done.update(self._unpack(buffer, indices, targets))
+
             wire = time.perf_counter()
-            with self.snapshot_lock:
-                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
-                                          fill=None if unchanged else fill, bucket_bytes=self.bucket_bytes)
-                wire = time.perf_counter() - wire
-                self._meta = meta
-        else:
-            header = hvd.broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
-            layout = FlatLayout.parse(header["layout"])
-            meta = header["meta"]
-            done: set[str] = set()
-            targets = self._targets(meta)
-            with self.snapshot_lock:
-                buffer = self._buffer_for(layout)
-                wire = time.perf_counter()
-
-                def unpack(indices: list[int]) -> None:
-                    # Straight into the live tensors while the next bucket is on the wire.
-                    done.update(self._unpack(buffer, indices, targets))
-
-                nbytes = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
-                                          unpack=unpack, bucket_bytes=self.bucket_bytes)
-                wire = time.perf_counter() - wire
-                self._meta = meta
+            if fresh:
+                moved = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
+                                         fill=fill, unpack=unpack, bucket_bytes=self.bucket_bytes)
+                moved = moved if chosen.receivers else 0  # alone, rank 0 only copied
+                sent, received = (moved, 0) if rank == 0 else (0, moved)
+                method = "broadcast" if chosen.receivers else "none"
+            else:
+                todo = transfer.units(buffer, chosen, self.bucket_bytes)
+                sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket", unpack=unpack,
+                                                   window_bytes=2 * self.bucket_bytes)
+                method = transfer.methods(todo)
+            wire = time.perf_counter() - wire
+            self._meta = meta
+            if rank != 0:
+                kept = [i for i in range(len(layout)) if i not in chosen.needs[rank]]
+                if clean:
+                    done.update(layout.specs[i].key for i in kept)
+                else:  # its live tensors moved on since its commit: back to the committed ones
+                    done.update(self._unpack(buffer, kept, targets))
+        if rank != 0:
             self._load(buffer.as_dict(), meta, done=done)
         for component in self._components.values():
             component.after_sync(rank)
         self._mark_clean()
         self._apply_world()
-        # broadcast_seconds: the bucket broadcasts, with the copies overlapping them
-        self._emit("sync", seconds=time.perf_counter() - start, bytes=nbytes, broadcast_seconds=wire)
+        # broadcast_seconds: the transfer, with the copies overlapping it
+        self._emit("sync", seconds=time.perf_counter() - start, bytes=sent + received, sent_bytes=sent,
+                   received_bytes=received, transfer=method, receivers=len(chosen.receivers),
+                   broadcast_seconds=wire)
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""
@@ -448,12 +478,16 @@ class TrainingState(State):
         self._clean_versions = self._trackable_versions(live) if clean else None
         return time.perf_counter() - start, buffer.layout.nbytes
 
+    def _live_tensors(self) -> list[torch.Tensor]:
+        """The live tensors, in the order of this rank's layout (:meth:`_capture` without the small state)."""
+        live: list[torch.Tensor] = []
+        for component in self._components.values():
+            live.extend(t for _, t in component.tensors())
+        return live
+
     def _mark_clean(self) -> None:
         """Record that the live tensors equal the committed copy right now."""
-        named: list[torch.Tensor] = []
-        for component in self._components.values():
-            named.extend(t for _, t in component.tensors())
-        self._clean_versions = self._trackable_versions(named)
+        self._clean_versions = self._trackable_versions(self._live_tensors())
 
     def _trackable_versions(self, live: Sequence[torch.Tensor]) -> tuple | None:
         """Version counters of ``live``, or None when some writer bypasses them.

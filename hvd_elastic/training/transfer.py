@@ -1,0 +1,224 @@
+"""Who needs the committed tensors after a reset, and how they get them.
+
+After a reset every rank must hold rank 0's committed state bitwise.  Most
+ranks usually do already: after a join, every survivor holds the state it
+committed in lockstep with rank 0; after a failure, every survivor restored
+it.  So a sync first finds out who is missing what (:func:`digests`,
+:func:`plan`): each rank hashes the tensors of its commit buffer (xxh3-128,
+at memory bandwidth) and one small allgather shows everyone every rank's
+digests.  A rank whose digest of a tensor equals rank 0's holds that tensor
+exactly; the others need it.  Nothing is trusted blindly: a survivor a
+failure left one commit behind, or whose BatchNorm statistics drifted from
+rank 0's, differs in its digests and is sent what differs.
+
+Then only what is needed moves (:func:`units`, :func:`transfer`), in units:
+runs of neighbouring tensors of the buffer that the same ranks need, cut at
+about the bucket size.  Every rank outside a unit's receivers holds it
+exactly, so each is a *donor* of it:
+
+* nobody needs anything: no transfer at all;
+* rank 0 is the only donor (everyone else needs the unit): Gloo's broadcast,
+  straight into every rank's buffer (every rank must receive from the one
+  source, and the tree is Horovod's best for that);
+* otherwise every donor sends a disjoint stripe of the unit to each
+  receiver, all at once, through one ``alltoall`` (Gloo's alltoallv posts
+  every send and receive together).  A joiner then receives the S bytes from
+  K donors in parallel, so its own inbound link bounds the time, not rank
+  0's outbound link or a tree's depth; ranks that need nothing receive
+  nothing.
+
+Both ways copy bytes and never do arithmetic on them, so -0.0, NaN payloads
+and integer or bool tensors arrive exactly.
+
+GPU tensors (NCCL): the commit buffer is host memory, so the digests and the
+plan stay as they are.  The transfer would move the buckets host to host as
+here; moving them device to device instead needs device staging buffers and
+NCCL's alltoall (Horovod has it), which is not built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+import xxhash
+
+from hvd_elastic.training.flat import FlatBuffer, as_bytes
+
+#: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
+#: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.
+HAS_STATE, NO_STATE = 1, 0
+
+
+def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:
+    """This rank's digest table for a layout of ``count`` tensors: int64 of shape ``(1 + count, 2)``.
+
+    ``buffer`` is this rank's commit buffer when it has rank 0's layout, else
+    None (the table then says "no state" and the rank is sent everything).
+    """
+    table = torch.zeros((1 + count, 2), dtype=torch.int64)
+    if buffer is None:
+        return table
+    table[0, 0] = HAS_STATE
+    rows = table.numpy()
+    for i, spec in enumerate(buffer.layout.specs):
+        raw = as_bytes(buffer.storage[spec.dtype][spec.offset: spec.offset + spec.numel])
+        h = xxhash.xxh3_128_intdigest(raw.numpy())
+        # Two's-complement halves: the table is int64, the digest an unsigned 128-bit int.
+        rows[1 + i] = (_signed(h >> 64), _signed(h & 0xFFFF_FFFF_FFFF_FFFF))
+    return table
+
+
+def _signed(half: int) -> int:
+    return half - (1 << 64) if half >= 1 << 63 else half
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What each rank needs, as every rank computes it from the same gathered tables.
+
+    ``needs[r]`` is the set of tensor indices rank ``r`` must receive: all of
+    them for a rank without state, none for rank 0.
+    """
+
+    needs: tuple[frozenset[int], ...]
+
+    @property
+    def receivers(self) -> tuple[int, ...]:
+        return tuple(r for r, need in enumerate(self.needs) if need)
+
+    @classmethod
+    def everyone(cls, size: int, count: int) -> "Plan":
+        """Every rank but 0 needs every tensor (rank 0's state is new: nobody else can hold it)."""
+        every = frozenset(range(count))
+        return cls((frozenset(),) + (every,) * (size - 1))
+
+
+def plan(tables: torch.Tensor) -> Plan:
+    """The plan from the gathered tables, shape ``(size, 1 + count, 2)`` in rank order."""
+    size, rows, _ = tables.shape
+    count = rows - 1
+    reference = tables[0, 1:]
+    needs = [frozenset()]
+    for r in range(1, size):
+        if int(tables[r, 0, 0]) != HAS_STATE:
+            needs.append(frozenset(range(count)))
+            continue
+        differs = (tables[r, 1:] != reference).any(dim=1).nonzero().flatten().tolist()
+        needs.append(frozenset(differs))
+    return Plan(tuple(needs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One transfer: a contiguous range of one dtype's buffer, the same ranks needing all of it.
+
+    Every rank outside ``receivers`` holds all of it exactly: those are its ``donors``.
+    """
+
+    indices: tuple[int, ...]
+    data: torch.Tensor
+    receivers: tuple[int, ...]
+    donors: tuple[int, ...]
+
+    @property
+    def method(self) -> str:
+        """``broadcast`` when rank 0 is the one donor and everyone else receives (Gloo's tree, in
+        place), else ``stripes`` (one alltoall: each donor sends a stripe to each receiver)."""
+        return "broadcast" if self.donors == (0,) else "stripes"
+
+
+def units(buffer: FlatBuffer, chosen: Plan, bucket_bytes: int) -> list[Unit]:
+    """The transfers ``chosen`` needs, in buffer order: runs of neighbouring tensors that the
+    same ranks need, cut at about ``bucket_bytes`` (a tensor is never cut)."""
+    size = len(chosen.needs)
+    found: list[Unit] = []
+    for bucket in buffer.buckets(bucket_bytes):
+        run: list[int] = []
+        run_receivers: tuple[int, ...] = ()
+        for i in bucket.indices + [None]:
+            receivers = () if i is None else tuple(r for r in range(size) if i in chosen.needs[r])
+            if run and receivers != run_receivers:
+                if run_receivers:
+                    found.append(_unit(buffer, run, run_receivers, size))
+                run = []
+            if i is not None:
+                run.append(i)
+                run_receivers = receivers
+    return found
+
+
+def _unit(buffer: FlatBuffer, indices: list[int], receivers: tuple[int, ...], size: int) -> Unit:
+    first, last = buffer.layout.specs[indices[0]], buffer.layout.specs[indices[-1]]
+    data = buffer.storage[first.dtype][first.offset: last.offset + last.numel]
+    donors = tuple(r for r in range(size) if r not in receivers)
+    return Unit(tuple(indices), data, receivers, donors)
+
+
+def methods(todo: Sequence[Unit]) -> str:
+    """How a sync moved its tensors: ``none``, ``broadcast``, ``stripes`` or ``broadcast+stripes``."""
+    used = sorted({u.method for u in todo})
+    return "+".join(used) if used else "none"
+
+
+def stripe_bounds(length: int, donors: int) -> list[int]:
+    """Offsets splitting ``length`` bytes into ``donors`` nearly equal, disjoint stripes."""
+    return [length * k // donors for k in range(donors + 1)]
+
+
+def transfer(todo: Sequence[Unit], *, rank: int, name: str,
+             unpack: Callable[[list[int]], None] | None = None, window_bytes: int) -> tuple[int, int]:
+    """Move every unit of ``todo`` (from :func:`units`) into the buffers of its receivers.
+
+    Collective: every rank calls it with the same units of a buffer of the
+    same layout.  On a receiver ``unpack(indices)`` is called for each unit as
+    soon as it has arrived, while later units are on the wire; at most about
+    ``window_bytes`` are in flight (a receiver's scratch memory).  Returns
+    ``(bytes sent, bytes received)`` by this rank.
+    """
+    import horovod.torch as hvd
+
+    size = hvd.size()
+    sent = received = 0
+    in_flight: list[tuple[Unit, object, int]] = []
+
+    def finish() -> int:
+        unit, handle, _ = in_flight.pop(0)
+        result = hvd.synchronize(handle)
+        if rank not in unit.receivers:
+            return 0
+        if unit.method == "stripes":
+            # Stripes arrive in donor order, which is rank order, which is byte order.
+            as_bytes(unit.data).copy_(result[0])
+        if unpack is not None:
+            unpack(list(unit.indices))
+        return _nbytes(unit.data)
+
+    for i, unit in enumerate(todo):
+        raw = as_bytes(unit.data)
+        if unit.method == "broadcast":
+            handle = hvd.broadcast_async_(raw, 0, name=f"{name}.{i}")
+            sent += _nbytes(unit.data) if rank == 0 else 0
+        else:
+            splits = [0] * size
+            payload = raw[:0]
+            if rank in unit.donors:
+                bounds = stripe_bounds(raw.numel(), len(unit.donors))
+                k = unit.donors.index(rank)
+                stripe = raw[bounds[k]: bounds[k + 1]]
+                for r in unit.receivers:
+                    splits[r] = stripe.numel()
+                payload = stripe if len(unit.receivers) == 1 else torch.cat([stripe] * len(unit.receivers))
+                sent += payload.numel()
+            handle = hvd.alltoall_async(payload, splits=splits, name=f"{name}.{i}")
+        in_flight.append((unit, handle, raw.numel()))
+        while len(in_flight) > 1 and sum(n for _, _, n in in_flight) > window_bytes:
+            received += finish()
+    while in_flight:
+        received += finish()
+    return sent, received
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

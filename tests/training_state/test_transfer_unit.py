@@ -1,0 +1,78 @@
+"""The sync's plan without Horovod: digests, who needs what, and the transfer units."""
+
+from __future__ import annotations
+
+import torch
+
+from hvd_elastic.training.flat import FlatBuffer, FlatLayout
+from hvd_elastic.training.transfer import Plan, digests, plan, stripe_bounds, units
+
+
+def buffer_of(tensors: dict[str, torch.Tensor]) -> FlatBuffer:
+    buffer = FlatBuffer(FlatLayout.of(tensors.items()), pin_memory=False)
+    buffer.copy_from(list(tensors.values()))
+    return buffer
+
+
+def state(**changes) -> dict[str, torch.Tensor]:
+    tensors = {
+        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": torch.zeros(4),
+        "count": torch.tensor([7], dtype=torch.int64),
+        "mask": torch.tensor([True, False]),
+        "half": torch.ones(3, dtype=torch.bfloat16),
+    }
+    tensors.update(changes)
+    return tensors
+
+
+def test_equal_buffers_have_equal_digests_and_every_bit_counts():
+    reference = digests(buffer_of(state()), 5)
+    assert reference[0, 0] == 1 and torch.equal(reference, digests(buffer_of(state()), 5))
+    nan = torch.zeros(4)
+    nan.view(torch.int32)[1] = 0x7FC00001  # a NaN with a payload
+    other_nan = nan.clone()
+    other_nan.view(torch.int32)[1] = 0x7FC00002
+    for changed in (dict(b=torch.tensor([-0.0, 0.0, 0.0, 0.0])),  # -0.0 == 0.0 as floats, not as bits
+                    dict(mask=torch.tensor([True, True])),
+                    dict(count=torch.tensor([8])),
+                    dict(half=torch.tensor([1.0, 1.0, 1.0078125], dtype=torch.bfloat16))):
+        table = digests(buffer_of(state(**changed)), 5)
+        differs = (table[1:] != reference[1:]).any(dim=1).nonzero().flatten().tolist()
+        assert differs == [list(state()).index(next(iter(changed))) ], changed
+    assert not torch.equal(digests(buffer_of(state(b=nan)), 5), digests(buffer_of(state(b=other_nan)), 5))
+    assert digests(None, 5).abs().sum() == 0  # no state: every tensor is needed
+
+
+def test_plan_sends_each_rank_what_differs_and_everything_to_a_rank_without_state():
+    tables = torch.stack([
+        digests(buffer_of(state()), 5),
+        digests(buffer_of(state()), 5),                       # a survivor: nothing
+        digests(buffer_of(state(count=torch.tensor([9]))), 5),  # a step behind: the counter
+        digests(None, 5),                                      # a joiner: all
+    ])
+    chosen = plan(tables)
+    assert chosen.needs == (frozenset(), frozenset(), frozenset({2}), frozenset(range(5)))
+    assert chosen.receivers == (2, 3)
+    assert Plan.everyone(3, 2).needs == (frozenset(), frozenset({0, 1}), frozenset({0, 1}))
+
+
+def test_units_are_runs_with_the_same_receivers_and_their_donors_hold_them():
+    buffer = buffer_of({f"t{i}": torch.full((256,), float(i)) for i in range(6)})  # 1 KiB each, one dtype
+    everything = frozenset(range(6))
+    chosen = Plan((frozenset(), frozenset({2, 3}), frozenset(), everything))
+    found = units(buffer, chosen, bucket_bytes=4096)
+    assert [(u.indices, u.receivers, u.donors) for u in found] == [
+        ((0, 1), (3,), (0, 1, 2)), ((2, 3), (1, 3), (0, 2)), ((4, 5), (3,), (0, 1, 2))]
+    assert [u.method for u in found] == ["stripes"] * 3
+    assert torch.equal(found[1].data, torch.cat([torch.full((256,), 2.0), torch.full((256,), 3.0)]))
+    # a small bucket cuts a run; rank 0 alone holding a unit everyone else needs: the broadcast
+    cut = units(buffer, Plan((frozenset(), everything, everything)), bucket_bytes=2048)
+    assert [u.indices for u in cut] == [(0, 1), (2, 3), (4, 5)] and {u.method for u in cut} == {"broadcast"}
+    assert units(buffer, Plan((frozenset(),) * 3), bucket_bytes=4096) == []
+
+
+def test_stripes_cover_a_unit_exactly_once():
+    for length, donors in ((10, 3), (1, 4), (0, 2), (1 << 20, 7)):
+        bounds = stripe_bounds(length, donors)
+        assert bounds[0] == 0 and bounds[-1] == length and bounds == sorted(bounds) and len(bounds) == donors + 1

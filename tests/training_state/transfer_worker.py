@@ -1,0 +1,107 @@
+"""4-rank worker for test_transfer.py: syncs after which only some ranks need the state.
+
+Every scenario builds the same model on every rank (same seed), trains it in
+lockstep (allreduced gradients, so parameters and moments stay equal), commits,
+then changes some ranks the way resets do and calls ``sync()``:
+
+* ``joiner``: rank 3 is brand new (its own seed, no optimizer state);
+* ``two_joiners``: ranks 2 and 3 are brand new; each rank trained on batches
+  of its own, so rank 1's BatchNorm statistics drifted from rank 0's;
+* ``behind``: rank 2 holds the commit before its peers' last one (a failure
+  between their commits), rank 3 is brand new; statistics drifted too;
+* ``restored``: a failure everyone restored from: nobody needs anything;
+* ``fresh``: rank 0 changed its live tensors after its commit, so every rank
+  gets rank 0's copy.
+
+The tensors carry -0.0, a NaN with a payload, int64 and bool buffers.  Each
+rank writes ``$OUT/<scenario>-<rank>.json``: a digest of every tensor's bytes,
+the sync event's fields, and what a restore() after the sync comes back to.
+"""
+
+import hashlib
+import json
+import os
+
+import torch
+
+import horovod.torch as hvd
+from hvd_elastic.training.state import TrainingState
+
+OUT = os.environ["OUT"]
+
+
+def build(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.BatchNorm1d(256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
+    special = torch.tensor([-0.0, 0.0, 1.0])
+    special.view(torch.int32)[1] = 0x7FC00123 + seed  # a NaN with a payload
+    model.register_buffer("special", special)
+    model.register_buffer("counts", torch.arange(7, dtype=torch.int64) + seed)
+    model.register_buffer("mask", torch.tensor([True, False, bool(seed % 2)]))
+    base = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = hvd.DistributedOptimizer(base, named_parameters=[(f"s{seed}.{n}", p) for n, p in
+                                                                 model.named_parameters()])
+    # 4 KiB buckets: several units per dtype, so stripes and runs are cut
+    state = TrainingState(model=model, optimizer=optimizer, rng=False, bucket_bytes=4096, step=0)
+    return model, optimizer, state
+
+
+def train(model, optimizer, state, steps: int, same_data: bool) -> None:
+    """Lockstep steps; with ``same_data`` False each rank's BatchNorm statistics drift apart."""
+    for _ in range(steps):
+        optimizer.zero_grad()
+        seed = state.step if same_data else 100 * hvd.rank() + state.step
+        model(torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))).square().sum().backward()
+        optimizer.step()
+        state.commit_step()
+
+
+def fingerprint(state) -> dict:
+    tensors = dict(state._capture()[0])
+    return {k: hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+            for k, t in tensors.items()}
+
+
+def scenario(name: str, seed_base: int) -> None:
+    rank = hvd.rank()
+    same_data = name in ("joiner", "restored", "fresh")
+    model, optimizer, state = build(seed_base)
+    train(model, optimizer, state, 1, same_data)
+    one_behind = state.snapshot(copy=True)
+    train(model, optimizer, state, 1, same_data)
+    if name == "joiner" and rank == 3 or name == "two_joiners" and rank >= 2 or name == "behind" and rank == 3:
+        model, optimizer, state = build(seed_base + 1 + rank)  # brand new, never stepped
+    if name == "behind" and rank == 2:
+        # Its peers' last commit went through, its own did not: it holds the one before.
+        state.load_snapshot(one_behind)
+    if name == "restored":
+        with torch.no_grad():
+            model[3].weight.add_(1.0)  # a half-done step, as a failure leaves it
+        state.restore()
+    if name == "fresh":
+        if rank == 0:
+            with torch.no_grad():
+                model[4].bias.add_(0.25)
+        state.check_host_updates()  # collective; standalone, so the live tensors may have moved on
+    events = []
+    state.add_listener(lambda event, fields: events.append(fields) if event == "sync" else None)
+    state.sync()
+    after = fingerprint(state)
+    with torch.no_grad():
+        model[3].weight.add_(3.0)
+    state.restore()
+    with open(os.path.join(OUT, f"{name}-{rank}.json"), "w") as f:
+        json.dump({"tensors": after, "restored": fingerprint(state), "sync": events[0],
+                   "moments": sorted(optimizer.state[model[0].weight])}, f)
+
+
+def main() -> None:
+    hvd.init()
+    assert hvd.size() == 4
+    for i, name in enumerate(("joiner", "two_joiners", "behind", "restored", "fresh")):
+        scenario(name, 10 * i)
+
+
+if __name__ == "__main__":
+    main()
