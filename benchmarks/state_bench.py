@@ -179,6 +179,7 @@ class Bench:
 
         ours = TrainingState(model=self.mine.model, optimizer=self.mine.optimizer, epoch=0)
         theirs = hvd.elastic.TorchState(model=self.other.model, optimizer=self.other.optimizer, epoch=0)
+        ours.sync()  # as run() does first: from here both ranks descend from rank 0's state
         samples = self.timed({
             "copy_": plain_copy,
             "copy_+check": copy_and_check,

@@ -139,6 +139,7 @@ def main_worker(args: argparse.Namespace) -> int:
     tensors = setup.tensors()
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     state = TrainingState(model=setup.model, optimizer=setup.optimizer, rng=False, epoch=0)
+    state.sync()  # as run() does first: from here every rank descends from rank 0's state
     state.commit()
     flat = torch.zeros(nbytes, dtype=torch.uint8)
     events: list[dict] = []

@@ -160,6 +160,13 @@ class TrainingState(State):
         # then.  Lets sync() on rank 0 send the committed copy instead of
         # copying live tensors that did not change.
         self._clean_versions: tuple | None = None
+        # Where this rank's committed tensors come from: (origin, saves since).  A
+        # random origin is drawn whenever they stop descending from a sync (this
+        # constructor, load_snapshot, rank 0's own copy at a sync); every rank adopts
+        # rank 0's at a sync, and each save counts.  Ranks committing in lockstep keep
+        # equal lineages; a rank whose lineage differs from rank 0's surely lacks the
+        # state, so a sync sends it everything without hashing (digests decide the rest).
+        self._lineage = transfer.new_lineage()
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
         self._policy = new_bookkeeping()
@@ -319,7 +326,9 @@ class TrainingState(State):
                 before = self._buffer
                 layout = self._buffer_for(FlatLayout.of(named)).layout
                 fresh = fresh or self._buffer is not before  # a new layout: the old buffer is gone
-            header = {"layout": layout.describe(), "meta": meta, "fresh": fresh}
+                if fresh:
+                    self._lineage = transfer.new_lineage()
+            header = {"layout": layout.describe(), "meta": meta, "fresh": fresh, "lineage": self._lineage}
             hvd.broadcast_object(header, root_rank=0, name="hvd_elastic.sync.header")
         else:
             header = hvd.broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
@@ -335,8 +344,7 @@ class TrainingState(State):
             if fresh:
                 chosen = transfer.Plan.everyone(size, len(layout))
             else:
-                table = transfer.digests(buffer if held else None, len(layout))
-                chosen = transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
+                chosen = self._plan(buffer if held else None, tuple(header["lineage"]), len(layout))
 
             def fill(indices: list[int]) -> None:
                 buffer.copy_indices(indices, live)
@@ -359,6 +367,7 @@ class TrainingState(State):
                 method = transfer.methods(todo)
             wire = time.perf_counter() - wire
             self._meta = meta
+            self._lineage = tuple(header["lineage"])
             if rank != 0:
                 kept = [i for i in range(len(layout)) if i not in chosen.needs[rank]]
                 if clean:
@@ -375,6 +384,16 @@ class TrainingState(State):
         self._emit("sync", seconds=time.perf_counter() - start, bytes=sent + received, sent_bytes=sent,
                    received_bytes=received, transfer=method, receivers=len(chosen.receivers),
                    broadcast_seconds=wire)
+
+    def _plan(self, held: FlatBuffer | None, lineage: tuple[int, int], count: int) -> transfer.Plan:
+        """Who lacks which of rank 0's committed tensors (collective): lineages first, then digests
+        from the ranks whose lineage says they may hold them."""
+        mine = held is not None and self._lineage == lineage
+        claims = hvd.allgather(torch.tensor([[int(mine)]]), name="hvd_elastic.sync.lineage").flatten().tolist()
+        if not any(claims[1:]):
+            return transfer.Plan.everyone(len(claims), count)
+        table = transfer.digests(held if mine else None, count)
+        return transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""
@@ -426,6 +445,7 @@ class TrainingState(State):
         meta = {"components": components, "values": snap["values"], "policy": snap["policy"]}
         self._load(tensors, meta, strict=False)
         self._save(clean=True)
+        self._lineage = transfer.new_lineage()
         self.commit_count = 0
 
     # -- policy ------------------------------------------------------------------------------
@@ -473,6 +493,7 @@ class TrainingState(State):
                 buffer = self._buffer_for(FlatLayout.of(named))
             buffer.copy_from(live)
             self._meta = meta
+            self._lineage = (self._lineage[0], self._lineage[1] + 1)
         # Only commit() vouches for the state: after construction the user may
         # still change weights in ways version counters miss (through .data).
         self._clean_versions = self._trackable_versions(live) if clean else None

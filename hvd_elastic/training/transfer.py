@@ -3,10 +3,13 @@
 After a reset every rank must hold rank 0's committed state bitwise.  Most
 ranks usually do already: after a join, every survivor holds the state it
 committed in lockstep with rank 0; after a failure, every survivor restored
-it.  So a sync first finds out who is missing what (:func:`digests`,
-:func:`plan`): each rank hashes the tensors of its commit buffer (xxh3-128,
-at memory bandwidth) and one small allgather shows everyone every rank's
-digests.  A rank whose digest of a tensor equals rank 0's holds that tensor
+it.  So a sync first finds out who is missing what.  A rank whose lineage
+(:func:`new_lineage`: where its committed tensors come from, and how many
+saves since) is not rank 0's surely lacks them: a joiner, a rank that loaded
+a snapshot.  The ranks whose lineage matches prove what they hold
+(:func:`digests`, :func:`plan`): each hashes the tensors of its commit buffer
+(xxh3-128, at memory bandwidth) and one small allgather shows everyone every
+rank's digests.  A rank whose digest of a tensor equals rank 0's holds that tensor
 exactly; the others need it.  Nothing is trusted blindly: a survivor a
 failure left one commit behind, or whose BatchNorm statistics drifted from
 rank 0's, differs in its digests and is sent what differs.
@@ -39,6 +42,7 @@ NCCL's alltoall (Horovod has it), which is not built.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from typing import Callable, Sequence
 
 import torch
@@ -49,6 +53,11 @@ from hvd_elastic.training.flat import FlatBuffer, as_bytes
 #: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
 #: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.
 HAS_STATE, NO_STATE = 1, 0
+
+
+def new_lineage() -> tuple[int, int]:
+    """A lineage no other rank's committed tensors have: a random origin, no saves yet."""
+    return (secrets.randbits(63), 0)
 
 
 def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:

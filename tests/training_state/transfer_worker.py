@@ -8,7 +8,8 @@ then changes some ranks the way resets do and calls ``sync()``:
 * ``two_joiners``: ranks 2 and 3 are brand new; each rank trained on batches
   of its own, so rank 1's BatchNorm statistics drifted from rank 0's;
 * ``behind``: rank 2 holds the commit before its peers' last one (a failure
-  between their commits), rank 3 is brand new; statistics drifted too;
+  between their commits; loaded from a snapshot, so a lineage of its own),
+  rank 3 is brand new; statistics drifted too;
 * ``restored``: a failure everyone restored from: nobody needs anything;
 * ``fresh``: rank 0 changed its live tensors after its commit, so every rank
   gets rank 0's copy.
@@ -67,6 +68,7 @@ def scenario(name: str, seed_base: int) -> None:
     rank = hvd.rank()
     same_data = name in ("joiner", "restored", "fresh")
     model, optimizer, state = build(seed_base)
+    state.sync()  # as hvd.elastic.run does first: from here the ranks share a lineage
     train(model, optimizer, state, 1, same_data)
     one_behind = state.snapshot(copy=True)
     train(model, optimizer, state, 1, same_data)
