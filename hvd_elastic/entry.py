@@ -5,7 +5,8 @@ that one word is routed to discovery's warm path (:mod:`hvd_elastic.discovery.fa
 the job's host cache, read before any flag is parsed) before the command line
 module and its argparse and logging are imported; ``hvd-elastic exec`` (every
 worker start, :mod:`hvd_elastic.standby.launch`) goes straight to the launcher.  Everything else, and a
-discovery call the cache cannot answer, goes to :func:`hvd_elastic.cli.main`.
+discovery call the cache cannot answer, goes to :func:`hvd_elastic.cli.main`: this is the only place
+``hvd-elastic discover`` reads the job's cache, the full command line never looks again.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ def main() -> int:
     if argv[:1] == ["discover"]:
         from hvd_elastic.discovery import fast
 
-        rec = fast.cached_answer(argv[1:])
-        if rec is not None:
-            return fast.emit(rec)
+        code = fast.answer(argv[1:])
+        if code is not None:
+            return code
     if argv[:1] == ["exec"]:  # every worker start: stdlib only, before argparse and logging
         from hvd_elastic.standby import launch
 

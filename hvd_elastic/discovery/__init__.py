@@ -9,9 +9,17 @@ It talks to Consul through :mod:`hvd_elastic.consul`, as every command does.
 * :mod:`.jobdir` -- which horovodrun job a call belongs to, and its private directory.
 * :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
 * :mod:`.cache` -- the host cache file: format, integrity and freshness.
+* :mod:`.cachekey` -- which cache file answers a command line (tokens masked), and the files next to it.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
 * :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
+* :mod:`.settings` -- the typed settings built from discovery's flags and environment, and its failures.
 * :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 * :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
+
+The imports between these modules form no cycle, not even through an import
+inside a function (``tests/discovery/test_import_cycles.py`` walks them all):
+the warm path never imports the full one, the command's top
+(:mod:`hvd_elastic.entry`, ``discovery/consul_hosts``) hands a call the cache
+cannot answer to :mod:`.cli`.
 """

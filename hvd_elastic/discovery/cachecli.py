@@ -1,7 +1,7 @@
 """The host cache's command-line side: its flags, which cache a call may print, and the watchers.
 
-:mod:`.cli` calls in here; the file format is :mod:`.cache`, the warm path
-:mod:`.fast`, the blocking-query loop :mod:`.watch`.
+:mod:`.cli` calls in here; the file format is :mod:`.cache`, its key and
+neighbouring files :mod:`.cachekey`, the blocking-query loop :mod:`.watch`.
 
 * :func:`start_job_watcher` -- after a direct query, start the job's watcher
   for this command line (only under horovodrun with ``--cache auto``, never
@@ -19,9 +19,10 @@ import sys
 import time
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.discovery import cache, fast, jobdir
-from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.consul.errors import ConsulError
+from hvd_elastic.discovery import cache, cachekey, jobdir
+from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery.settings import FAILURES, explain_failure, health_query, options_from_args
 from hvd_elastic.options import ConfigError, argument_type, consul_config, env, positive_float
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's direct path imports this module
@@ -97,7 +98,7 @@ def fingerprint(args: argparse.Namespace, config: ConsulConfig, options: hostlib
 
 
 def raw_argv(args: argparse.Namespace) -> list[str]:
-    """The discovery arguments as given, which key the job's cache (see :mod:`.fast`)."""
+    """The discovery arguments as given, which key the job's cache (see :mod:`.cachekey`)."""
     if getattr(args, "raw_argv", None) is not None:
         return args.raw_argv
     argv = sys.argv[1:]  # hvd-elastic [global options] discover ARGS
@@ -118,31 +119,34 @@ def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: host
         return None
     if rec is None or cache.untrusted_reason(rec) is not None:
         return None
-    fast.count_answer(args.cache_file, "cache")
-    where = fast.job_cache_path(raw_argv(args), create=True)
+    cachekey.count_answer(args.cache_file, "cache")
+    where = cachekey.job_cache_path(raw_argv(args), create=True)
     if where is not None and not sys.stdout.isatty():
         try:
-            fast.write_alias(where[0] + ".alias", args.cache_file, settings)
+            cachekey.write_alias(where[0] + ".alias", args.cache_file, settings)
         except OSError:
             pass  # later calls parse their flags again, nothing worse
     return rec
 
 
-def start_job_watcher(args: argparse.Namespace, config: ConsulConfig) -> None:
-    """Start the job's watcher for this command line unless it runs (or this is no job's call)."""
+def start_job_watcher(args: argparse.Namespace, config: ConsulConfig, command: list[str]) -> None:
+    """Start the job's watcher for this command line unless it runs (or this is no job's call).
+
+    ``command`` runs discovery's command line with the arguments that follow (:func:`.cli.watcher_command`).
+    """
     if args.cache == "off" or args.cache_file or sys.stdout.isatty():
         return  # off, an operator's cache, or a person at a terminal: no background process
     argv = raw_argv(args)
     job = jobdir.job_process()
     if job is None or (args.cache == "auto" and not jobdir.is_horovodrun(job[0])):
         return
-    where = fast.job_cache_path(argv, create=True)
+    where = cachekey.job_cache_path(argv, create=True)
     if where is None:
         return
     from hvd_elastic.discovery import watch
 
     try:
-        watch.ensure_running(where[0], where[1], job, argv, config)
+        watch.ensure_running(where[0], where[1], job, argv, config, command)
     except OSError as exc:  # the direct answer stands; the next call tries again
         print(f"discover: cannot start the host cache watcher: {exc}", file=sys.stderr)
 
@@ -151,7 +155,7 @@ def run_watch(args: argparse.Namespace) -> int:
     """``--watch``: keep ``--cache-file`` fresh until stopped."""
     import logging
 
-    from hvd_elastic.discovery import cli, watch
+    from hvd_elastic.discovery import watch
 
     if not args.cache_file:
         print("discover: --watch needs --cache-file PATH (the file to keep fresh)", file=sys.stderr)
@@ -162,17 +166,17 @@ def run_watch(args: argparse.Namespace) -> int:
         return 2
     try:
         config = consul_config(args)
-        options = cli.options_from_args(args)
+        options = options_from_args(args)
         reap_grace = _reap_grace() if args.job else None
     except ConfigError as exc:
-        return cli.explain_failure("discover", args.service, exc)
+        return explain_failure("discover", args.service, exc)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
-    fetch = watch_fetch(config, cli.health_query(args, options), options, args.watch_wait, args.timeout)
-    return watch.run(args.cache_file, key, fetch, cli.FAILURES, job=args.job,
+    fetch = watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
+    return watch.run(args.cache_file, key, fetch, FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)
 
 

@@ -19,7 +19,7 @@ dropped with a warning on stderr.
 
 Host cache (``--cache auto``, the default; flags and watchers in
 :mod:`.cachecli`): a call answers from the job's cache file when it is fresh
-(:mod:`.fast`, :mod:`.cache`); otherwise it
+(:mod:`.fast`, before any flag is parsed; :mod:`.cachekey`, :mod:`.cache`); otherwise it
 queries Consul directly as below and, when horovodrun runs it (``--cache on``:
 any parent process) and stdout is no terminal, starts the job's watcher
 (:mod:`.watch`), whose single blocking query keeps the file fresh until
@@ -41,10 +41,10 @@ import argparse
 import sys
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.consul.errors import ConsulError
-from hvd_elastic.discovery import cachecli, fast, token_guard
+from hvd_elastic.discovery import cachecli, cachekey, fast, token_guard
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
+from hvd_elastic.discovery.settings import FAILURES, explain_failure, health_query, options_from_args
 from hvd_elastic.options import (
     ConfigError,
     add_consul_arguments,
@@ -53,13 +53,11 @@ from hvd_elastic.options import (
     boolean,
     consul_config,
     env,
-    env_list,
     non_negative_float,
     one_line_errors,
     positive_float,
     positive_int,
 )
-from hvd_elastic.options import explain_failure as _explain
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
@@ -87,27 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
     add_consul_arguments(parser)
     if cache:
         cachecli.add_cache_arguments(parser)
-
-
-def options_from_args(args: argparse.Namespace) -> hostlib.Options:
-    """Discovery options from parsed flags (with their environment fallbacks)."""
-    tags = args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")
-    exclude = args.exclude if args.exclude is not None else env_list("HVD_ELASTIC_EXCLUDE")
-    return hostlib.Options(
-        slots_key=args.slots_key,
-        default_slots=args.default_slots,
-        max_slots_per_host=args.max_slots_per_host,
-        naming=hostlib.HostNaming(args.host_name),
-        exclude=frozenset(h.lower() for h in exclude),
-        tags=tuple(tags),
-    )
-
-
-def health_query(args: argparse.Namespace, options: hostlib.Options) -> HealthQuery:
-    """The typed health query these flags ask for."""
-    from hvd_elastic.discovery.query import HealthQuery  # socket, json: not on the cached path
-
-    return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale, max_stale=args.max_stale)
 
 
 def discover(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, *, timeout: float,
@@ -139,23 +116,10 @@ def warn_dropped(decisions: list[hostlib.Decision]) -> None:
             log.warning("%s", line)
 
 
-FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
-
-
-def explain_failure(command: str, service: str, exc: Exception) -> int:
-    """Print one stderr line for a failure in FAILURES and return the exit code."""
-    if isinstance(exc, hostlib.MalformedResponse):
-        exc = hostlib.MalformedResponse(f"Consul's answer for service {service!r} is malformed: {exc}")
-    return _explain(command, exc)
-
-
-def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Discovery once its flags are parsed; the command's top found no fresh job cache (:func:`.fast.answer`)."""
     if args.watch:
         return cachecli.run_watch(args)
-    if args.cache != "off" and not args.cache_file and not cache_tried:
-        rec = fast.cached_answer(cachecli.raw_argv(args))
-        if rec is not None:
-            return fast.emit(rec)
     try:
         token_guard.check_discovery(token_flag=bool(args.token))  # before the token is used anywhere
         config = consul_config(args)
@@ -172,16 +136,30 @@ def run(args: argparse.Namespace, cache_tried: bool = False) -> int:
     except FAILURES as exc:
         code = explain_failure("discover", args.service, exc)
         if code == 1:
-            cachecli.start_job_watcher(args, config)
+            cachecli.start_job_watcher(args, config, watcher_command())
         return code
     warn_dropped(decisions)
     if args.cache != "off" and args.cache_file:
-        fast.count_answer(args.cache_file, "direct")  # the operator's cache could not answer this call
+        cachekey.count_answer(args.cache_file, "direct")  # the operator's cache could not answer this call
     # One write of the complete list: a reader never sees a partial one.
     sys.stdout.write(hostlib.format_hosts(found))
     sys.stdout.flush()
-    cachecli.start_job_watcher(args, config)
+    cachecli.start_job_watcher(args, config, watcher_command())
     return 0
+
+
+def watcher_command() -> list[str]:
+    """How a job's watcher process starts (:func:`.watch.ensure_running` appends its flags): this module's
+    :func:`main` in this interpreter, isolated (``-I -S``, as ``discovery/consul_hosts``), importing this very
+    copy of the package."""
+    import os
+
+    import hvd_elastic
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(hvd_elastic.__file__)))
+    boot = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from hvd_elastic.discovery.cli import main; sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-I", "-S", "-c", boot, package_parent]
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -201,8 +179,8 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, **kwargs)
 
 
-def main(argv: list[str] | None = None, cache_tried: bool = False) -> int:
-    """Entry point of ``discovery/consul_hosts`` (no subcommand word), after :func:`.fast.main`."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``discovery/consul_hosts`` (no subcommand word), after :func:`.fast.answer` found no answer."""
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="consul_hosts",
@@ -212,4 +190,4 @@ def main(argv: list[str] | None = None, cache_tried: bool = False) -> int:
     add_arguments(parser)
     parser.set_defaults(raw_argv=argv)
     args = parser.parse_args(argv)
-    return run(args, cache_tried=cache_tried)
+    return run(args)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hvd_elastic.discovery import cachecli
+from hvd_elastic.discovery import cachecli, settings
 from hvd_elastic.discovery import cli as discovery_cli
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.query import read_health
@@ -55,11 +55,11 @@ def render(decisions: Sequence[hostlib.Decision]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         config = consul_config(args)
-        options = discovery_cli.options_from_args(args)
-        entries = read_health(config, discovery_cli.health_query(args, options), passing=False, timeout=args.timeout)[0]
+        options = settings.options_from_args(args)
+        entries = read_health(config, settings.health_query(args, options), passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
-    except discovery_cli.FAILURES as exc:
-        return discovery_cli.explain_failure("status", args.service, exc)
+    except settings.FAILURES as exc:
+        return settings.explain_failure("status", args.service, exc)
     print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
     sys.stdout.write(render(decisions))
     return 0

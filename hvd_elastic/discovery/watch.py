@@ -34,13 +34,13 @@ import fcntl
 import logging
 import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from hvd_elastic.discovery import cache, jobdir
 from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.discovery.cachekey import ANSWER_SOURCES, answer_count_path, mark_read, without_token_flags
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the direct discovery path imports this module
 if TYPE_CHECKING:
@@ -115,8 +115,6 @@ class Publisher:
 
     def close(self) -> None:
         """Stop writing and remove the file (a reader then finds no cache, not a dead one) and its answer counts."""
-        from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
-
         with self._lock:
             self._closed = True
             for name in (self.path, *(answer_count_path(self.path, source) for source in ANSWER_SOURCES)):
@@ -240,8 +238,6 @@ def _serve_metrics(addr: str, path: str, listeners: list):
 def _open_answer_counts(path: str) -> None:
     """Create the answer counters writable by every job's user (the cache's folder may be root's, as
     systemd's ``RuntimeDirectory`` is): a count is all anyone can spoil there."""
-    from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
-
     for source in ANSWER_SOURCES:
         counter = answer_count_path(path, source)
         try:
@@ -256,7 +252,7 @@ def _open_answer_counts(path: str) -> None:
 
 
 def _idle_for(lock_path: str) -> float:
-    """Seconds since a reader last touched the lock file (see :func:`.fast.mark_read`)."""
+    """Seconds since a reader last touched the lock file (see :func:`.cachekey.mark_read`)."""
     try:
         return time.time() - os.stat(lock_path).st_mtime
     except OSError:
@@ -275,49 +271,26 @@ def is_running(path: str) -> bool:
     return False
 
 
-_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from hvd_elastic.discovery.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def without_token_flags(argv: list[str]) -> list[str]:
-    """``argv`` minus ``--token``/``--token-file`` and their values (a child gets the token by environment)."""
-    from hvd_elastic.discovery.fast import is_token_flag
-
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if is_token_flag(arg) or (len(name) > len("--token") and "--token-file".startswith(name)):
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
-def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], config: ConsulConfig) -> bool:
+def ensure_running(path: str, key: str, job: tuple[int, str], argv: list[str], config: ConsulConfig,
+                   command: list[str]) -> bool:
     """Start a background watcher for ``path`` unless one runs; True when one was started.
 
-    The child is this interpreter in isolated mode, in its own session, with
+    The child is ``command`` (it runs discovery's command line with the
+    arguments that follow: ``--watch`` and ``argv``), in its own session, with
     no inherited descriptor (horovodrun waits for EOF on the script's stdout),
     and its output appended to ``PATH.log``.  It gets the token the way
     ``config`` (a :class:`~hvd_elastic.consul.config.ConsulConfig`) got it:
     a token file's path as ``CONSUL_HTTP_TOKEN_FILE`` (it then follows
     rotation), else the value as ``CONSUL_HTTP_TOKEN``; never on its command line.
     """
-    from hvd_elastic.discovery.fast import mark_read
-
     running = is_running(path)  # creates the lock file when missing
     mark_read(path)
     if running:
         return False
     import subprocess
 
-    import hvd_elastic
-
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(hvd_elastic.__file__)))
-    cmd = [sys.executable, "-I", "-S", "-c", _BOOT, package_parent, "--watch", "--cache-file", path,
-           "--cache-key", key, "--job", f"{job[0]}-{job[1]}", *without_token_flags(argv)]
+    cmd = [*command, "--watch", "--cache-file", path, "--cache-key", key, "--job", f"{job[0]}-{job[1]}",
+           *without_token_flags(argv)]
     env = {k: v for k, v in os.environ.items() if k not in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE")}
     if config.token_file:
         env["CONSUL_HTTP_TOKEN_FILE"] = config.token_file

@@ -5,7 +5,7 @@ Consul answer and failure updates it.  The age of the cache and the answers
 discovery calls printed (from the cache, or after querying Consul directly
 because the cache could not vouch for itself) are read at scrape time: the
 calls are separate processes, each appending one byte per answer to
-``PATH.answers-cache`` or ``PATH.answers-direct`` (:func:`.fast.count_answer`).
+``PATH.answers-cache`` or ``PATH.answers-direct`` (:func:`hvd_elastic.discovery.cachekey.count_answer`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.fast import ANSWER_SOURCES, answer_count_path
+from hvd_elastic.discovery.cachekey import ANSWER_SOURCES, answer_count_path
 from hvd_elastic.metrics.nodeagent import ERROR_KINDS, consul_error_kind
 
 
