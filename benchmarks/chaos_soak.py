@@ -1,6 +1,6 @@
 """The long chaos soak: one elastic job on netns hosts under hundreds of random, overlapping faults.
 
-Runs :class:`hvd_elastic.testbed.chaos.Soak` (see its module for the fault
+Runs :class:`testbed.chaos.Soak` (see its module for the fault
 kinds, the schedule, and the verdict) on HashiCorp Consul (a client agent in
 every host) or the dev agent, with the user's defaults where the bed allows:
 the Gloo timeout Horovod ships (30 s), OpenSSH's client settings (no
@@ -26,9 +26,10 @@ from pathlib import Path
 
 from report import RESULTS, load_note, write_json
 
-from hvd_elastic.testbed.chaos import FAULTS, Soak, SoakConfig, SoakFailure, format_summary
-from hvd_elastic.testbed.multihost import ElasticCluster
-from hvd_elastic.testbed.netns import unavailable_reason
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
+from testbed.chaos import FAULTS, Soak, SoakConfig, SoakFailure, format_summary  # noqa: E402
+from testbed.multihost import ElasticCluster  # noqa: E402
+from testbed.netns import unavailable_reason  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import psutil
 
-from hvd_elastic.testbed import REPO, Job, JobError, JsonLines, child_env, horovodrun_elastic, host_file_discovery
-
-from hvd_elastic.testbed.procs import is_alive
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
+from testbed import REPO, Job, JobError, JsonLines, child_env, horovodrun_elastic, host_file_discovery  # noqa: E402
+from testbed.procs import is_alive  # noqa: E402
 
 WORKER = REPO / "tests" / "training_run" / "forksafe_worker.py"
 #: label -> the worker's loader configuration

@@ -31,9 +31,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hvd_elastic.testbed.hostcache import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
+from testbed.hostcache import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
 from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, dev_agent, private_dir, request, result_path  # noqa: E402
 from report import Row, format_table, load_note, spread, write_json  # noqa: E402
 

@@ -40,9 +40,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hvd_elastic.testbed import (CONSUL_HOSTS, HVD_ELASTIC, REPO, Job, WorldSizes, child_env, horovodrun_elastic,
-                                 host_file_discovery, start_dev_agent, start_node_agent, wait_until)
-from hvd_elastic.testbed.consul import run_discovery
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
+from testbed import (CONSUL_HOSTS, HVD_ELASTIC, REPO, Job, WorldSizes, child_env, horovodrun_elastic,  # noqa: E402
+                     host_file_discovery, start_dev_agent, start_node_agent, wait_until)
+from testbed.consul import run_discovery  # noqa: E402
 
 WORKER = REPO / "tests" / "nodeagent" / "worker_sizes.py"
 BOTH = "localhost:1\n127.0.0.1:1\n"

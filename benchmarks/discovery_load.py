@@ -26,9 +26,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hvd_elastic.testbed.hostcache import CountingProxy, kill_watchers  # noqa: E402
+from testbed.hostcache import CountingProxy, kill_watchers  # noqa: E402
 from discovery_speed import ARGS, CONSUL_HOSTS, child_env, cluster_parser, dev_agent, private_dir, result_path  # noqa: E402
 from report import load_note, write_json  # noqa: E402
 

@@ -55,12 +55,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hvd_elastic.testbed.hostcache import fresh_record, read_record  # noqa: E402
-from hvd_elastic.testbed import CONSUL_HOSTS, child_env as testbed_env  # noqa: E402
-from hvd_elastic.testbed import start_dev_agent  # noqa: E402
-from hvd_elastic.testbed.realconsul import ConsulCluster  # noqa: E402
+from testbed.hostcache import fresh_record, read_record  # noqa: E402
+from testbed import CONSUL_HOSTS, child_env as testbed_env  # noqa: E402
+from testbed import start_dev_agent  # noqa: E402
+from hvd_elastic.local.realconsul import ConsulCluster  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -95,7 +96,7 @@ def dev_agent(workdir: Path, nodes: int, instances: int = 0, kind: str = "dev") 
     """Consul for ``nodes`` nodes with ``instances`` registered (see :func:`register`): {node: host:port}.
 
     ``kind`` "dev": the dev agent in its own process, as Consul runs; "consul": HashiCorp Consul
-    (:class:`~hvd_elastic.testbed.realconsul.ConsulCluster`: a server and a client agent per node).
+    (:class:`~hvd_elastic.local.realconsul.ConsulCluster`: a server and a client agent per node).
     """
     names = [f"node{i}" for i in range(nodes)]
     if kind == "consul":

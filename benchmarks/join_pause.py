@@ -1,7 +1,7 @@
 """What a join costs the survivors: the pause from the last committed step at the old size to the first at the new.
 
 Elastic horovodrun (Gloo, hosts ``localhost`` and ``127.0.0.1``, host-file
-discovery) trains :mod:`hvd_elastic.testbed.worker` at two slots; a third slot
+discovery) trains :mod:`testbed.worker` at two slots; a third slot
 joins on ``127.0.0.1`` by a host-file edit.  Horovod starts the joining worker
 only after the survivors stopped at their commit, so without a standby they
 wait through its whole start-up.  Three modes, interleaved round by round (the
@@ -40,10 +40,12 @@ from pathlib import Path
 
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
-from hvd_elastic.testbed import (HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery,
-                                 wait_until)
-from hvd_elastic.testbed.standby import StandbyProcess
 from hvd_elastic.training.checkpoint import CheckpointManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
+from testbed import (HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery,  # noqa: E402
+                     wait_until)
+from testbed.standby import StandbyProcess  # noqa: E402
 
 MODES = ("horovod", "hvd-elastic", "standby")
 COSTS = {"light": "", "heavy": "torch._inductor.compile_fx"}
@@ -60,7 +62,7 @@ class Round:
         out.mkdir(parents=True)
         self.hosts = out / "hosts"
         discover = host_file_discovery(self.hosts, TWO)
-        worker = [sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(out), "--step-sleep", "0.05",
+        worker = [sys.executable, "-m", "testbed.worker", "--out", str(out), "--step-sleep", "0.05",
                   "--checkpoint-every", "5", "--import", COSTS[cost],
                   *(["--api", "horovod"] if mode == "horovod" else [])]
         if standby is not None:

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hvd_elastic  # noqa: E402
 from hvd_elastic.metrics.exporter import Exporter  # noqa: E402
 from hvd_elastic.metrics.job import JobMetrics  # noqa: E402
-from hvd_elastic.testbed import ports  # noqa: E402
+from hvd_elastic.local import ports  # noqa: E402
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json  # noqa: E402
 
 SCRAPER = """

@@ -1,7 +1,7 @@
 """Seconds from a membership event to the first committed step at the new world size, on real hosts.
 
-Four network-namespace hosts reached over real ssh (``hvd_elastic.testbed``),
-one slot each; the job trains ``hvd_elastic.testbed.worker`` on three of them
+Four network-namespace hosts reached over real ssh (``testbed``),
+one slot each; the job trains ``testbed.worker`` on three of them
 and the fourth is the one that joins.  Two modes, interleaved round by round
 (the first mode alternates), on the same hosts, model and horovodrun flags:
 
@@ -63,11 +63,13 @@ from pathlib import Path
 
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
-from hvd_elastic.testbed import JobError, wait_until
-from hvd_elastic.testbed.consul import consul_request
-from hvd_elastic.testbed.multihost import ElasticCluster
-from hvd_elastic.testbed.netns import unavailable_reason
 from hvd_elastic.training.events import EventLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
+from testbed import JobError, wait_until  # noqa: E402
+from testbed.consul import consul_request  # noqa: E402
+from testbed.multihost import ElasticCluster  # noqa: E402
+from testbed.netns import unavailable_reason  # noqa: E402
 
 EVENTS = ("join", "drain", "ttl", "crash", "host-crash", "partition", "freeze")
 MODES = ("hvd-elastic", "hvd-elastic/dev", "hvd-elastic/standby", "horovod")

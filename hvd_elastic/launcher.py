@@ -6,7 +6,7 @@ a worker still inside ``hvd.init()`` when a peer dies cannot reset, it aborts
 once the Gloo rendezvous times out, so a host lost during a rendezvous (a job's
 start, any reset) fails the whole round and horovodrun exits ("failure count ==
 N -> stop running"; horovod/horovod#3264).  The chaos soak
-(:mod:`hvd_elastic.testbed.chaos`) meets it a few times in every hundred
+(``testbed/chaos.py``, in the checkout) meets it a few times in every hundred
 overlapping faults.  A Kubernetes Job relaunches its launcher pod
 (``backoffLimit``); this is the same for a launcher that nothing relaunches
 (bare metal, a Slurm allocation): with ``@hvd_elastic.run`` and a checkpoint

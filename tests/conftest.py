@@ -1,7 +1,7 @@
 """Suite-wide rules and fixtures.
 
 ``consul_kind``: a test that takes it runs twice, against the project's dev agent
-("dev") and against HashiCorp Consul ("consul", :mod:`hvd_elastic.testbed.realconsul`);
+("dev") and against HashiCorp Consul ("consul", :mod:`hvd_elastic.local.realconsul`);
 build its cluster with ``consul_cluster(consul_kind, nodes, ...)``.  A test marked
 ``dev_agent_only("why")`` runs on the dev agent alone: the reason names the
 difference (see the table in :mod:`hvd_elastic.devagent`).
@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from hvd_elastic.testbed.realconsul import KINDS, unavailable_reason
+from hvd_elastic.local.realconsul import KINDS, unavailable_reason
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
 

@@ -1,10 +1,10 @@
-"""The chaos soak's schedule and settings (:mod:`hvd_elastic.testbed.chaos`), without a bed."""
+"""The chaos soak's schedule and settings (:mod:`testbed.chaos`), without a bed."""
 
 from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed.chaos import FAULTS, SoakConfig, percentiles, plan
+from testbed.chaos import FAULTS, SoakConfig, percentiles, plan
 
 
 def test_the_schedule_is_the_seeds_alone():

@@ -17,8 +17,8 @@ from hvd_elastic.demo import schedule
 from hvd_elastic.demo.digits import TEST_SAMPLES
 from hvd_elastic.demo.live import Console
 from hvd_elastic.report.plot import SIZE_PX
-from hvd_elastic.testbed import JobError, JsonLines, wait_until
-from hvd_elastic.testbed.ledger import verdict
+from testbed import JobError, JsonLines, wait_until
+from hvd_elastic.report.ledger import verdict
 from hvd_elastic.training.events import EventLog
 
 # Below pytest's own 600 s timeout (pyproject.toml), so that on a hang this test,

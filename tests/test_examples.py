@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hvd_elastic.testbed import REPO, Job, child_env, horovodrun_elastic, host_file_discovery
+from testbed import REPO, Job, child_env, horovodrun_elastic, host_file_discovery
 
 #: The scripts users copy: the examples, and the demo's job.
 PATTERNS = sorted((REPO / "examples").glob("*.py")) + [REPO / "hvd_elastic" / "demo" / "train.py"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed.env import REPO, VENV_BIN
+from testbed.env import REPO, VENV_BIN
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from hvd_elastic.metrics.job import JobMetrics
 from hvd_elastic.metrics.nodeagent import NodeAgentMetrics
-from hvd_elastic.testbed import REPO, prometheus
+from testbed import REPO, prometheus
 
 DASHBOARD = REPO / "scripts" / "grafana" / "hvd-elastic-job.json"
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range_s": "3600", "$__range": "1h", "$node_job": ".*", "$job": ".*"}

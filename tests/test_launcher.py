@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from hvd_elastic.testbed import HVD_ELASTIC, child_env, wait_until
+from testbed import HVD_ELASTIC, child_env, wait_until
 
 # A stand-in for horovodrun: logs its attempt, then ends as told for that attempt ("0", "1", "kill", "sleep").
 FAKE = '''

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from hvd_elastic.metrics.address import MetricsAddressError, parse
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
-from hvd_elastic.testbed import child_env, ports
+from testbed import child_env, ports
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from hvd_elastic.testbed import REPO, VENV_BIN
+from testbed import REPO, VENV_BIN
 
 UNITS = sorted((REPO / "scripts" / "systemd").glob("*.service"))
 PREFIX = "/opt/hvd-elastic/.venv/bin"

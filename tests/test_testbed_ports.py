@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from hvd_elastic.testbed import ports
+from testbed import ports
 
 
 def _ephemeral_range() -> tuple[int, int]:

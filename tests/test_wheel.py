@@ -1,28 +1,47 @@
-"""The built wheel works outside a checkout: the demo, report and the discovery script from an installed copy.
+"""The built wheel is the product alone, and works outside a checkout: demo, report, discovery script.
 
-The wheel is installed into a throw-away virtual environment with ``--no-deps``;
-torch, scikit-learn and the rest come from the project's environment through a
-``.pth`` line (its site-packages, without its editable hook, so the installed
-hvd_elastic is the one imported).  Horovod's cached wheel (what
-scripts/bootstrap.sh built) is installed too, for its ``horovodrun``.  Every
-command runs in a folder outside the checkout with no PYTHONPATH.
+The wheel is built from a copy of the checkout and must hold the ``hvd_elastic``
+package and nothing of the test bed (``testbed/``: network-namespace hosts,
+sshd, fault injection, test doubles), while keeping what the demo and
+``hvd-elastic report`` need.  It is installed into a throw-away virtual
+environment with ``--no-deps``; torch, scikit-learn and the rest come from the
+project's environment through a ``.pth`` line (its site-packages, without its
+editable hook, so the installed hvd_elastic is the one imported).  Horovod's
+cached wheel (what scripts/bootstrap.sh built) is installed too, for its
+``horovodrun``.  Every command runs in a folder outside the checkout with no
+PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import REPO, Job, child_env, start_dev_agent
-from hvd_elastic.testbed.consul import register
+from testbed import REPO, Job, child_env, start_dev_agent
+from testbed.consul import register
 
 WHEEL_CACHE = Path(os.environ.get("HVD_ELASTIC_WHEEL_CACHE", Path.home() / ".cache" / "hvd-elastic" / "wheels"))
+# What the checkout holds that is no source: setuptools reuses build/lib, so a module deleted since the
+# last build would still be packed from there (and the build must not write into the checkout).
+NOT_SOURCES = {".git", ".venv", "build", "dist", ".pytest_cache"}
+#: What the demo and ``hvd-elastic report`` run on, so the wheel must carry it.
+PRODUCT_MODULES = ("hvd_elastic/demo/command.py", "hvd_elastic/demo/train.py", "hvd_elastic/report/cli.py",
+                   "hvd_elastic/report/ledger.py", "hvd_elastic/report/evidence.py", "hvd_elastic/report/jsonlines.py",
+                   "hvd_elastic/local/env.py", "hvd_elastic/local/job.py", "hvd_elastic/local/realconsul.py",
+                   "hvd_elastic/local/ports.py")
+#: The test bed's pieces (testbed/), none of which may be defined anywhere in the wheel.
+TEST_BED = ("NetnsBed", "ElasticCluster", "Soak", "SlurmCluster", "Prometheus", "ScriptedServer",
+            "self_signed_cert", "refused_address", "CountingProxy", "StandInJob", "StandbyProcess", "WorldSizes",
+            "start_dev_agent", "host_file_discovery", "FaultyEvidence", "TrainingJob")
 
 
 def run(cmd: list, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -30,27 +49,57 @@ def run(cmd: list, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory) -> Path:
+    """The wheel ``pip wheel`` builds from a copy of the checkout's sources (testbed/ and tests/ included)."""
+    tmp = tmp_path_factory.mktemp("wheel-build")
+    source = tmp / "src"
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == "__pycache__" or n.endswith(".egg-info")
+                or (Path(folder) == REPO and n in NOT_SOURCES)}
+
+    shutil.copytree(REPO, source, ignore=ignore, symlinks=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    built = run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", source], timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (found,) = (tmp / "dist").glob("hvd_elastic-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
     """The bin folder of a fresh venv holding the built wheel (and Horovod's), outside the checkout."""
     horovod = sorted(glob.glob(str(WHEEL_CACHE / "*" / "horovod-*.whl")))
     if not horovod:
         pytest.skip(f"no cached Horovod wheel under {WHEEL_CACHE} (scripts/bootstrap.sh builds it)")
     tmp = tmp_path_factory.mktemp("wheel")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    built = run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", REPO], timeout=300)
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("hvd_elastic-*.whl")
     venv = tmp / "venv"
     made = run([sys.executable, "-m", "venv", "--without-pip", venv], timeout=120)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
     purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], timeout=60).stdout.strip()
     Path(purelib, "project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     # --ignore-installed: Horovod is importable through the .pth already, but its horovodrun must land in this bin.
     got = run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel, horovod[-1]],
               timeout=300)
     assert got.returncode == 0, got.stderr[-3000:]
     return venv / "bin"
+
+
+def test_the_wheel_ships_the_product_and_no_test_bed(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        sources = {name: archive.read(name).decode() for name in names if name.endswith(".py")}
+    tops = {name.split("/", 1)[0] for name in names}
+    assert {t for t in tops if not re.fullmatch(r"hvd_elastic(-[^/]+\.(dist-info|data))?", t)} == set(), tops
+    assert [n for n in names if "testbed" in n or n.startswith("tests/")] == []
+    assert [m for m in PRODUCT_MODULES if m not in names] == []
+    defined = re.compile(rf"^\s*(?:class|def)\s+({'|'.join(TEST_BED)})\b", re.MULTILINE)
+    found = {name: defined.findall(text) for name, text in sources.items() if defined.search(text)}
+    assert found == {}, f"test-bed code in the wheel: {found}"
+    # Nothing shipped names the test bed's modules (a preload list, a ``python -m`` of its worker).
+    assert [name for name, text in sources.items() if re.search(r"\btestbed\.\w", text)] == []
 
 
 def outside_env(**extra: str) -> dict[str, str]:
@@ -64,6 +113,13 @@ def test_installed_copy_is_the_one_imported_and_has_every_command(installed, tmp
               timeout=120, cwd=tmp_path, env=outside_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(installed.parent)), out.stdout
+    # The demo's children import the installed package: nothing puts a checkout (or site-packages) on
+    # PYTHONPATH for them, and the test bed is not there to import.
+    probe = ("import hvd_elastic.local.env as e, importlib.util as u; "
+             "print(e.child_env(scrub=False).get('PYTHONPATH'), u.find_spec('testbed'))")
+    out = run([installed / "python", "-c", probe], timeout=120, cwd=tmp_path, env=outside_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None"], out.stdout
     for command in (["hvd-elastic", "demo", "--help"], ["hvd-elastic", "report", "--help"], ["consul_hosts", "--help"]):
         out = run([installed / command[0], *command[1:]], timeout=120, cwd=tmp_path, env=outside_env())
         assert out.returncode == 0, (command, out.stderr)

@@ -43,12 +43,12 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.discovery.hosts import is_valid_host
+from hvd_elastic.local.env import CONSUL_HOSTS, HVD_ELASTIC, child_env
+from hvd_elastic.local.job import MARK_ENV, Job, JobError, horovodrun_elastic, start_node_agent, wait_until
+from hvd_elastic.local.realconsul import CONSUL, consul_cluster, unavailable_reason
 from hvd_elastic.nodeagent.standby import standby_state
 from hvd_elastic.options import non_negative_float, positive_float, positive_int
-from hvd_elastic.testbed import (CONSUL_HOSTS, HVD_ELASTIC, Job, JobError, JsonLines, child_env, horovodrun_elastic,
-                                 start_node_agent, wait_until)
-from hvd_elastic.testbed.job import MARK_ENV
-from hvd_elastic.testbed.realconsul import CONSUL, consul_cluster, unavailable_reason
+from hvd_elastic.report.jsonlines import JsonLines
 
 from . import schedule
 from .digits import read_result, steps_per_epoch
@@ -61,7 +61,7 @@ SERVICE = "horovod"
 MIN_NP = 1
 TRAIN_MODULE = "hvd_elastic.demo.train"
 # What the training module imports (torch, horovod and torch._dynamo are the standby's own).
-STANDBY_PRELOAD = "numpy,psutil,sklearn.datasets,hvd_elastic,hvd_elastic.testbed.worker,hvd_elastic.demo.digits"
+STANDBY_PRELOAD = "numpy,psutil,sklearn.datasets,hvd_elastic,hvd_elastic.report.evidence,hvd_elastic.demo.digits"
 
 
 class DemoFailed(RuntimeError):

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from hvd_elastic.testbed import JsonLines
+from hvd_elastic.report.jsonlines import JsonLines
 
 
 class Console:

@@ -16,7 +16,7 @@ samples, so a step's update is the same however the step is split, and an
 elastic run can match the reference.  The LR follows a cosine schedule over the
 whole run; rank 0 checkpoints every ``--checkpoint-every`` commits.
 
-Files in RUN_DIR: those of :mod:`hvd_elastic.testbed.worker` (``ledger/``,
+Files in RUN_DIR: the evidence of :mod:`hvd_elastic.report.evidence` (``ledger/``,
 ``progress.jsonl``, here with ``loss``; ``events.jsonl``, ``ckpt/``,
 ``final-<rank>.json``, ``pids/``) and ``result.json`` (rank 0: test accuracy).
 Each step sleeps ``--step-delay`` seconds until ``RUN_DIR/fast`` exists, so the
@@ -37,7 +37,7 @@ import horovod.torch as hvd
 import hvd_elastic
 from hvd_elastic import BatchPolicy, ExactlyOnceSampler, TrainingState
 from hvd_elastic.options import non_negative_float, positive_int
-from hvd_elastic.testbed.worker import Evidence, write_atomic, write_final
+from hvd_elastic.report.evidence import Evidence, write_atomic, write_final
 
 from .digits import GLOBAL_BATCH, RESULT, load_split, steps_per_epoch
 

@@ -43,7 +43,7 @@ Known, deliberate differences from Consul (each fails louder, never quieter):
 Checked against HashiCorp Consul 1.8.7
 --------------------------------------
 The discovery and node-agent suites run against both (the ``consul_kind``
-fixture of ``tests/conftest.py``, :mod:`hvd_elastic.testbed.realconsul`).  What
+fixture of ``tests/conftest.py``, :mod:`hvd_elastic.local.realconsul`).  What
 that found, and what became of it:
 
 ====================================  ==========================================  ==================================

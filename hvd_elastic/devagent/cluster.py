@@ -146,7 +146,7 @@ class DevCluster:
     in ``X-Consul-Results-Filtered-By-ACLs``.
     """
 
-    kind = "dev"  # beside hvd_elastic.testbed.realconsul.ConsulCluster's "consul"
+    kind = "dev"  # beside hvd_elastic.local.realconsul.ConsulCluster's "consul"
 
     def __init__(
         self,

@@ -106,11 +106,11 @@ def _exactly_once(directory: Path) -> tuple[str | None, bool | None]:
         return None, None
     if not any(directory.glob("final-*.json")):
         return "exactly-once: not checked yet (no final-<rank>.json: the job has not finished)", None
-    from hvd_elastic.testbed.ledger import verdict
+    from .ledger import verdict
 
     try:
         result = verdict(directory)
-    except (ValueError, KeyError, TypeError) as exc:  # a ledger or final file that is not what the worker writes
+    except (ValueError, KeyError, TypeError) as exc:  # a ledger or final file that is not what .evidence writes
         return f"exactly-once: FAILED: unreadable evidence: {exc}", False
     problems = result.problems()
     if problems:

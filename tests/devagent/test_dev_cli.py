@@ -12,7 +12,7 @@ import sys
 import pytest
 from devagent_helpers import Raw, wait_until
 
-from hvd_elastic.testbed import ports
+from testbed import ports
 
 CLI = [sys.executable, "-m", "hvd_elastic.cli"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed.realconsul import consul_cluster
+from hvd_elastic.local.realconsul import consul_cluster
 
 
 @pytest.fixture

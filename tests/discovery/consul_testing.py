@@ -2,7 +2,7 @@
 
 Everything talks to real processes over real HTTP: the dev agent's Consul API
 and the discovery script as a subprocess (helpers shared with the node-agent
-tests and the test bed, in :mod:`hvd_elastic.testbed.consul`, re-exported
+tests and the test bed, in :mod:`testbed.consul`, re-exported
 here, :class:`ScriptedServer` among them), and :class:`RawServer`, which
 answers with bytes that are not even HTTP.
 """
@@ -13,12 +13,12 @@ import socket
 import threading
 from pathlib import Path
 
-from hvd_elastic.testbed import child_env
-from hvd_elastic.testbed.consul import ScriptedServer, consul_request, register, run_discovery, self_signed_cert  # noqa: F401 (re-exported)
+from testbed import child_env
+from testbed.consul import ScriptedServer, consul_request, register, run_discovery, self_signed_cert  # noqa: F401 (re-exported)
 
 
 def clean_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    """:func:`hvd_elastic.testbed.child_env` with discovery's first-call state in ``state_dir``."""
+    """:func:`testbed.child_env` with discovery's first-call state in ``state_dir``."""
     return child_env(discovery_state=state_dir, **extra)
 
 

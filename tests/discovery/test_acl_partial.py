@@ -24,7 +24,7 @@ from consul_testing import clean_env, register, run_discovery
 
 from hvd_elastic.consul import client
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.testbed.realconsul import consul_cluster, unavailable_reason
+from hvd_elastic.local.realconsul import consul_cluster, unavailable_reason
 
 ADMIN = f"admin-{uuid.uuid4().hex}"
 READER = str(uuid.uuid4())  # Consul wants a UUID as a token's secret

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hvd_elastic.discovery import cache, fast, jobdir, watch
+from hvd_elastic.discovery import cache, cachekey, jobdir, watch
 from hvd_elastic.discovery.hosts import evaluate
 from hvd_elastic.consul.client import ConsulError
 
@@ -81,19 +81,19 @@ def test_a_valid_file_is_untrusted_when_stale_failed_or_its_watcher_is_gone():
 
 def test_keys_mask_tokens_and_cover_flags_and_environment():
     env = {"CONSUL_HTTP_ADDR": "127.0.0.1:8500", "CONSUL_HTTP_TOKEN": "s3cret", "PATH": "/bin"}
-    base = fast.raw_key(["--tag", "a"], env)
-    assert fast.raw_key(["--tag", "a"], dict(env, CONSUL_HTTP_TOKEN="other")) == base  # token values never enter
-    assert fast.raw_key(["--tag", "a"], dict(env, PATH="/usr/bin")) == base  # unrelated variables do not
-    assert fast.raw_key(["--tag", "b"], env) != base
-    assert fast.raw_key(["--tag", "a"], dict(env, HVD_ELASTIC_FILTER="x")) != base
-    assert fast.raw_key(["--tag", "a"], dict(env, CONSUL_HTTP_ADDR="127.0.0.1:8501")) != base
-    assert fast.mask_tokens(["--token", "s3cret", "--tok=s3cret", "--token-file", "/t", "--tag", "x"]) == [
-        "--token", fast.MASK, "--tok=" + fast.MASK, "--token-file", "/t", "--tag", "x"]
+    base = cachekey.raw_key(["--tag", "a"], env)
+    assert cachekey.raw_key(["--tag", "a"], dict(env, CONSUL_HTTP_TOKEN="other")) == base  # token values never enter
+    assert cachekey.raw_key(["--tag", "a"], dict(env, PATH="/usr/bin")) == base  # unrelated variables do not
+    assert cachekey.raw_key(["--tag", "b"], env) != base
+    assert cachekey.raw_key(["--tag", "a"], dict(env, HVD_ELASTIC_FILTER="x")) != base
+    assert cachekey.raw_key(["--tag", "a"], dict(env, CONSUL_HTTP_ADDR="127.0.0.1:8501")) != base
+    assert cachekey.mask_tokens(["--token", "s3cret", "--tok=s3cret", "--token-file", "/t", "--tag", "x"]) == [
+        "--token", cachekey.MASK, "--tok=" + cachekey.MASK, "--token-file", "/t", "--tag", "x"]
 
 
 def test_a_watcher_gets_no_token_on_its_command_line():
     argv = ["--token", "s3cret", "--tag", "x", "--token-file=/t", "--toke", "s3cret", "--token-file", "/u", "--filter", "y"]
-    assert watch.without_token_flags(argv) == ["--tag", "x", "--filter", "y"]
+    assert cachekey.without_token_flags(argv) == ["--tag", "x", "--filter", "y"]
 
 
 @pytest.mark.parametrize("previous,answered,expected", [(0, 7, 7), (7, 7, 7), (7, 9, 9), (9, 3, 0), (0, 0, 1), (5, 0, 0)])
@@ -151,7 +151,7 @@ def test_the_warm_path_imports_no_heavy_module():
     import subprocess
     import sys
 
-    from hvd_elastic.testbed import REPO
+    from testbed import REPO
 
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import hvd_elastic.discovery.fast; "
              "print(' '.join(sorted(m for m in ('typing', 'argparse', 'json', 'logging', 're', 'socket', 'dataclasses') "

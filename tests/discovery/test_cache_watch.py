@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hvd_elastic.testbed.hostcache import (
+from testbed.hostcache import (
     CountingProxy,
     StandInJob,
     cache_files,
@@ -24,9 +24,9 @@ from hvd_elastic.testbed.hostcache import (
 )
 from consul_testing import clean_env, consul_request, register, run_discovery
 
-from hvd_elastic.testbed.realconsul import consul_cluster
+from hvd_elastic.local.realconsul import consul_cluster
 from hvd_elastic.discovery import cache
-from hvd_elastic.testbed import HVD_ELASTIC, child_env, start_dev_agent, wait_until
+from testbed import HVD_ELASTIC, child_env, start_dev_agent, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -290,7 +290,7 @@ def test_tokens_never_reach_cache_files_logs_or_command_lines(tmp_path, state, j
 
 def test_the_operator_watcher_serves_its_metrics(cluster, state, tmp_path, jobs):
     """``--watch --metrics-addr``: answers, failures by kind, the cache's age and validity, calls by source."""
-    from hvd_elastic.testbed import ports, prometheus
+    from testbed import ports, prometheus
     from prometheus_client.parser import text_string_to_metric_families
 
     local = cluster.addr("localhost")

@@ -15,8 +15,8 @@ import threading
 import pytest
 from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery, self_signed_cert
 
-from hvd_elastic.testbed.realconsul import consul_cluster
-from hvd_elastic.testbed.consul import refused_address
+from hvd_elastic.local.realconsul import consul_cluster
+from testbed.consul import refused_address
 
 pytestmark = pytest.mark.slow  # each test runs the discovery script as a process
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from consul_testing import clean_env, register
 
-from hvd_elastic.testbed import HVD_ELASTIC
+from testbed import HVD_ELASTIC
 
 
 def status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

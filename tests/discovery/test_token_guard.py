@@ -23,8 +23,8 @@ from hvd_elastic import doctor
 from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.devagent import DevCluster
 from hvd_elastic.discovery import token_guard
-from hvd_elastic.testbed import HVD_ELASTIC, child_env, start_node_agent, wait_until
-from hvd_elastic.testbed.env import CONSUL_HOSTS
+from testbed import HVD_ELASTIC, child_env, start_node_agent, wait_until
+from testbed.env import CONSUL_HOSTS
 
 TOKEN = f"tok-{uuid.uuid4().hex}"
 REFUSAL = "refusing to run under horovodrun"

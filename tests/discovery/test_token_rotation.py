@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from consul_testing import clean_env, register
 
-from hvd_elastic.testbed.realconsul import consul_cluster
-from hvd_elastic.testbed import wait_until
-from hvd_elastic.testbed.hostcache import StandInJob, fresh_record, kill_watchers
+from hvd_elastic.local.realconsul import consul_cluster
+from testbed import wait_until
+from testbed.hostcache import StandInJob, fresh_record, kill_watchers
 
 pytestmark = pytest.mark.slow
 

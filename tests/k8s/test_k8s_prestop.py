@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from hvd_elastic.nodeagent import leave
-from hvd_elastic.testbed import Job, child_env, wait_until
-from hvd_elastic.testbed.consul import consul_request, refused_address, run_discovery
-from hvd_elastic.testbed.realconsul import consul_cluster
+from testbed import Job, child_env, wait_until
+from testbed.consul import consul_request, refused_address, run_discovery
+from hvd_elastic.local.realconsul import consul_cluster
 from k8s_manifests import IMAGE_BIN, K8S, Command, Pod, commands, load, pods, render_env
 
 WAIT = 30.0  # a hang guard, not a speed bound

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from hvd_elastic.discovery import host_answers
-from hvd_elastic.testbed import wait_until
+from testbed import wait_until
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 
 ``localhost`` and ``127.0.0.1`` are two dev-Consul nodes, each with its node
 agent (TTL 2 s); horovodrun discovers them through ``discovery/consul_hosts``
-and trains :mod:`hvd_elastic.testbed.worker` with ``HOROVOD_GLOO_TIMEOUT_SECONDS=600``.
+and trains :mod:`testbed.worker` with ``HOROVOD_GLOO_TIMEOUT_SECONDS=600``.
 A "frozen host" is SIGSTOP of 127.0.0.1's node agent and of its workers: they
 hold their sockets and never answer.  Every job must end with exact data and
-identical parameters (:func:`hvd_elastic.testbed.ledger.verdict`).  The waits are
+identical parameters (:func:`hvd_elastic.report.ledger.verdict`).  The waits are
 hang guards far below the Gloo timeout: a job that waited for Gloo could not
 meet them.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_elastic.testbed import CONSUL_HOSTS, HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic
-from hvd_elastic.testbed.job import start_dev_agent, start_node_agent
-from hvd_elastic.testbed.lifecycle import Closing
-from hvd_elastic.testbed.ledger import verdict
+from testbed import (CONSUL_HOSTS, HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, start_dev_agent,
+                     start_node_agent)
+from testbed.lifecycle import Closing
+from hvd_elastic.report.ledger import verdict
 from hvd_elastic.training.events import EventLog
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ class LocalJob(Closing):
                              HOROVOD_GLOO_TIMEOUT_SECONDS=GLOO_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT="120",
                              **self.extra_env)
         cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {self.addrs['localhost']}", 2, 1, 2),
-               sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(self.out), "--samples", "128",
+               sys.executable, "-m", "testbed.worker", "--out", str(self.out), "--samples", "128",
                "--num-workers", "0", *self.worker_args]
         self.job = Job(cmd, env=self.env, logdir=self.tmp, name="horovodrun")
         self.jobs.append(self.job)

@@ -22,7 +22,7 @@ from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery import lost, reaper
 from hvd_elastic.discovery.lost import HostState, LostHostJudge
-from hvd_elastic.testbed import wait_until
+from testbed import wait_until
 
 
 def check(check_id: str, status: str, output: str = "") -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed.netns import unavailable_reason
+from testbed.netns import unavailable_reason
 
 _REASON = unavailable_reason()
 _ROWS: list[dict] = []

@@ -1,4 +1,4 @@
-"""The short chaos soak (:mod:`hvd_elastic.testbed.chaos`): 20 overlapping random faults on one job, nothing lost.
+"""The short chaos soak (:mod:`testbed.chaos`): 20 overlapping random faults on one job, nothing lost.
 
 Two soaks: a fixed seed (the same schedule in every CI run) and a fresh random
 seed, printed and carried in every failure message, so a failure replays with
@@ -18,9 +18,9 @@ import subprocess
 import psutil
 import pytest
 
-from hvd_elastic.testbed.chaos import Soak, SoakConfig, format_summary
-from hvd_elastic.testbed.multihost import ElasticCluster
-from hvd_elastic.testbed.netns import PREFIX
+from testbed.chaos import Soak, SoakConfig, format_summary
+from testbed.multihost import ElasticCluster
+from testbed.netns import PREFIX
 
 # A soak is minutes of faults, then the stop at an epoch's end: above pytest's 600 s default
 # (pyproject.toml), below its hang limit plus set-up and teardown.

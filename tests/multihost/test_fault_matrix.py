@@ -1,6 +1,6 @@
 """The fault matrix: one elastic job per fault on netns hosts reached over real ssh.
 
-Every test runs :mod:`hvd_elastic.testbed.worker` (TrainingState, ExactlyOnceSampler,
+Every test runs :mod:`testbed.worker` (TrainingState, ExactlyOnceSampler,
 ``@hvd_elastic.run`` with checkpoints) under elastic horovodrun on the launcher host,
 hosts discovered through ``discovery/consul_hosts`` from node agents inside the
 hosts' namespaces, injects its fault, waits for the job to train at the expected
@@ -10,7 +10,7 @@ world size, stops it at an epoch boundary and then requires ALL of:
 * every rank ended with identical parameter, optimizer and scheduler state;
 * the per-sample ledger shows every index exactly once in every completed epoch,
   counting only records whose step key is in the final committed history (the
-  rule for rolled-back steps, see :mod:`hvd_elastic.testbed.ledger`);
+  rule for rolled-back steps, see :mod:`hvd_elastic.report.ledger`);
 * no checkpoint was refused while resuming (none was corrupt) and no write was
   left half-done.
 
@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from hvd_elastic.testbed.ledger import run_problems, verdict
-from hvd_elastic.testbed.multihost import ElasticCluster
+from hvd_elastic.report.ledger import run_problems, verdict
+from testbed.multihost import ElasticCluster
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
 
@@ -93,7 +93,7 @@ def test_worker_sigkill(cluster, reliability):
     cluster.wait_steps(job, size=3, steps=5)
     host = victim_host(cluster, job, 3)
     killed = time.time()
-    assert cluster.bed.crash(host, match="hvd_elastic.testbed.worker --out"), f"no worker found on {host}"
+    assert cluster.bed.crash(host, match="testbed.worker --out"), f"no worker found on {host}"
     cluster.wait_steps(job, size=2, since=killed, timeout=HANG_GUARD)
     # No survivor waited out the Gloo timeout on another survivor (gloo_hangup; without it, about half the crashes).
     assert "Timed out waiting" not in job.read_log()

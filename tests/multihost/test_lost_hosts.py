@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hvd_elastic.testbed.multihost import ElasticCluster
+from testbed.multihost import ElasticCluster
 
 from test_fault_matrix import COOLDOWN, finish_and_check, one_host_fault, resets, victim_host
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed import HVD_ELASTIC, child_env
-from hvd_elastic.testbed.multihost import ElasticCluster
-from hvd_elastic.testbed.netns import LAUNCHER
+from testbed import HVD_ELASTIC, child_env
+from testbed.multihost import ElasticCluster
+from testbed.netns import LAUNCHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 

@@ -3,7 +3,7 @@
 Every host runs ``hvd-elastic standby`` in a socket directory of its own (host-local,
 as ``/run/user`` is on real nodes), its node agent announces it only once that
 standby answers (``node-agent --standby``), and horovodrun starts every worker as
-``hvd-elastic exec --standby bed -- python -m hvd_elastic.testbed.worker`` over ssh.
+``hvd-elastic exec --standby bed -- python -m testbed.worker`` over ssh.
 A host that boots mid-run joins; the job must end with the fault matrix's checks
 (exact data, identical state), every worker must have been forked by its own
 host's standby, and none may have fallen back to a direct start.
@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from hvd_elastic.testbed.multihost import ElasticCluster
+from testbed.multihost import ElasticCluster
 
 from test_fault_matrix import HANG_GUARD, finish_and_check, resets
 

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed.multihost import ElasticCluster
-from hvd_elastic.testbed.netns import LAUNCHER
+from testbed.multihost import ElasticCluster
+from testbed.netns import LAUNCHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
 TOKEN = f"tok-{uuid.uuid4().hex}"  # a fresh value per run: nothing else on the machine holds it
 HOSTS = ["hvdtb1", "hvdtb2", "hvdtb3"]
-WORKER = "hvd_elastic.testbed.worker --out"
+WORKER = "testbed.worker --out"
 REFUSAL = "refusing to run under horovodrun"
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed.realconsul import consul_cluster
-from hvd_elastic.testbed import Job, child_env, start_node_agent
+from hvd_elastic.local.realconsul import consul_cluster
+from testbed import Job, child_env, start_node_agent
 
 
 @pytest.fixture

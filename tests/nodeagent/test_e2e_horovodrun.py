@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import CONSUL_HOSTS, HVD_ELASTIC, Job, WorldSizes, child_env, horovodrun_elastic
+from testbed import CONSUL_HOSTS, HVD_ELASTIC, Job, WorldSizes, child_env, horovodrun_elastic
 
 pytestmark = pytest.mark.slow
 

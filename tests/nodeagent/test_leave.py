@@ -17,8 +17,8 @@ import time
 import pytest
 
 from hvd_elastic.nodeagent import leave
-from hvd_elastic.testbed import HVD_ELASTIC, child_env, wait_until
-from hvd_elastic.testbed.consul import consul_request, refused_address, run_discovery
+from testbed import HVD_ELASTIC, child_env, wait_until
+from testbed.consul import consul_request, refused_address, run_discovery
 
 WAIT = 30.0  # a hang guard, not a speed bound
 

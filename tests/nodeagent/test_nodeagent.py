@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from hvd_elastic.testbed.realconsul import consul_cluster
-from hvd_elastic.testbed import HVD_ELASTIC, REPO, child_env, wait_until
-from hvd_elastic.testbed.consul import consul_request, refused_address, register, run_discovery, self_signed_cert
+from hvd_elastic.local.realconsul import consul_cluster
+from testbed import HVD_ELASTIC, REPO, child_env, wait_until
+from testbed.consul import consul_request, refused_address, register, run_discovery, self_signed_cert
 
 pytestmark = pytest.mark.slow
 

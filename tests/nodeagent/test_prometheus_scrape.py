@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import CONSUL_HOSTS, HVD_ELASTIC, Job, WorldSizes, child_env, horovodrun_elastic, ports
-from hvd_elastic.testbed import prometheus
-from hvd_elastic.testbed.job import wait_until
+from testbed import (CONSUL_HOSTS, HVD_ELASTIC, Job, WorldSizes, child_env, horovodrun_elastic, ports, prometheus,
+                     wait_until)
 from hvd_elastic.training.events import EventLog
 
 pytestmark = pytest.mark.slow

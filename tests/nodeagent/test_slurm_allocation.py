@@ -13,8 +13,8 @@ import pytest
 
 from hvd_elastic.nodeagent import slurm
 from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, WARNING, ProbeSettings
-from hvd_elastic.testbed import HVD_ELASTIC, child_env, wait_until
-from hvd_elastic.testbed.consul import consul_request
+from testbed import HVD_ELASTIC, child_env, wait_until
+from testbed.consul import consul_request
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "gpu-07"}
 

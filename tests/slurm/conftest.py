@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed import netns, slurm
+from testbed import netns, slurm
 
 _REASON = netns.unavailable_reason() or slurm.unavailable_reason()
 

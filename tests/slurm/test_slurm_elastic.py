@@ -2,7 +2,7 @@
 
 ``scripts/slurm/launcher.sbatch`` and ``worker.sbatch``, as shipped, submitted
 with ``sbatch`` to ``slurmctld``/``slurmd`` on the netns bed
-(:mod:`hvd_elastic.testbed.slurm`), train :mod:`hvd_elastic.testbed.worker`
+(:mod:`testbed.slurm`), train :mod:`testbed.worker`
 with Consul discovery.  A node is in the job exactly while a worker
 allocation holds it; preemption (``scancel --signal=TERM``, what slurmctld
 sends) and ``scontrol update state=drain`` take it out without a rollback,
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from hvd_elastic.testbed.ledger import verdict
-from hvd_elastic.testbed.slurm import SCRIPTS, SlurmCluster
+from hvd_elastic.report.ledger import verdict
+from testbed.slurm import SCRIPTS, SlurmCluster
 from hvd_elastic.training.events import EventLog
 
 pytestmark = pytest.mark.slow

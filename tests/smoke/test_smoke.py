@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import MPI_ROOT_ENV, VENV_BIN, Job, WorldSizes, child_env, horovodrun_elastic, host_file_discovery
+from testbed import MPI_ROOT_ENV, VENV_BIN, Job, WorldSizes, child_env, horovodrun_elastic, host_file_discovery
 
 HERE = Path(__file__).parent
 

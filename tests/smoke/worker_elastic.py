@@ -1,7 +1,7 @@
 """Elastic job worker: records the world size at every committed step.
 
 Each step appends ``{"rank", "size", "step", "time"}`` to ``$SMOKE_DIR/sizes.<pid>.jsonl``
-(the rows :class:`hvd_elastic.testbed.WorldSizes` reads).
+(the rows :class:`testbed.WorldSizes` reads).
 Rank 0 ends the job once ``$SMOKE_DIR/stop`` exists; the decision is shared by
 an allreduce so every rank leaves the loop on the same step.
 """

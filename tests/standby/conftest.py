@@ -1,10 +1,10 @@
-"""A real ``hvd-elastic standby`` process per test (:class:`hvd_elastic.testbed.standby.StandbyProcess`)."""
+"""A real ``hvd-elastic standby`` process per test (:class:`testbed.standby.StandbyProcess`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.testbed.standby import StandbyProcess
+from testbed.standby import StandbyProcess
 
 
 @pytest.fixture

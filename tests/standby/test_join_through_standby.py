@@ -1,9 +1,9 @@
 """A join through the warm standby under real elastic horovodrun (Gloo, localhost + 127.0.0.1).
 
-Every worker is started as ``hvd-elastic exec -- python -m hvd_elastic.testbed.worker``
+Every worker is started as ``hvd-elastic exec -- python -m testbed.worker``
 and forked by one standby; a slot joins by a host-file edit.  The job must train
 exactly once per epoch with identical state on every rank
-(:func:`hvd_elastic.testbed.ledger.verdict`), as a job of directly started workers does.
+(:func:`hvd_elastic.report.ledger.verdict`), as a job of directly started workers does.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 import psutil
 import pytest
 
-from hvd_elastic.testbed import HVD_ELASTIC, JsonLines, Job, horovodrun_elastic, host_file_discovery, wait_until
-from hvd_elastic.testbed.ledger import verdict
-from hvd_elastic.testbed.standby import StandbyProcess
+from testbed import HVD_ELASTIC, JsonLines, Job, horovodrun_elastic, host_file_discovery, wait_until
+from hvd_elastic.report.ledger import verdict
+from testbed.standby import StandbyProcess
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_a_join_through_the_standby_trains_exactly_once_with_identical_parameter
     with StandbyProcess(tmp_path, "job", "--preload", "psutil,torch.utils.data") as standby:
         standby.wait_ready()
         cmd = [*horovodrun_elastic(discover, 2, 1, 3), HVD_ELASTIC, "exec", "--standby", "job", "--",
-               sys.executable, "-m", "hvd_elastic.testbed.worker", "--out", str(out), "--samples", "96",
+               sys.executable, "-m", "testbed.worker", "--out", str(out), "--samples", "96",
                "--step-sleep", "0.05", "--num-workers", "1"]
         env = {**standby.env, "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"}
         progress = JsonLines(out / "progress.jsonl")

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from hvd_elastic.standby import protocol
-from hvd_elastic.testbed import VENV_BIN
-from hvd_elastic.testbed.standby import StandbyProcess
+from testbed import VENV_BIN
+from testbed.standby import StandbyProcess
 
 
 WAIT = 60.0  # hang guard for one worker

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from hvd_elastic.testbed import Job, child_env, start_node_agent, wait_until
-from hvd_elastic.testbed.consul import run_discovery
-from hvd_elastic.testbed.realconsul import consul_cluster
-from hvd_elastic.testbed.standby import StandbyProcess
+from testbed import Job, child_env, start_node_agent, wait_until
+from testbed.consul import run_discovery
+from hvd_elastic.local.realconsul import consul_cluster
+from testbed.standby import StandbyProcess
 
 WAIT = 120.0  # hang guard: the standby's imports on a loaded machine
 

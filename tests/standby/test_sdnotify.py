@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from hvd_elastic import sdnotify
-from hvd_elastic.testbed.standby import READY_WAIT, StandbyProcess
+from testbed.standby import READY_WAIT, StandbyProcess
 
 
 def test_notify_sends_one_datagram_to_a_path_or_an_abstract_socket(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ import horovod.torch as hvd
 
 import hvd_elastic
 
-from hvd_elastic.testbed.worker import Indexed
+from testbed.worker import Indexed
 from hvd_elastic.training import forksafe, gloo_hangup
 from hvd_elastic.training.sampler import ExactlyOnceSampler
 from hvd_elastic.training.state import TrainingState

@@ -7,7 +7,7 @@ import logging
 import sys
 import textwrap
 
-from hvd_elastic.testbed import Job, child_env
+from testbed import Job, child_env
 from hvd_elastic.training.events import EventLog
 
 
@@ -85,7 +85,7 @@ def test_every_event_written_is_named_once_in_events():
     import re
 
     from hvd_elastic.report import runlog
-    from hvd_elastic.testbed import REPO
+    from testbed import REPO
     from hvd_elastic.training.events import EVENTS
 
     training = REPO / "hvd_elastic" / "training"

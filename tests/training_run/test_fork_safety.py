@@ -30,9 +30,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.testbed.ledger import committed_samples
-from hvd_elastic.testbed.procs import is_alive, wait_dead
+from testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.report.ledger import committed_samples
+from testbed.procs import is_alive, wait_dead
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def committed_batches(out: Path) -> dict[tuple, dict[int, dict]]:
 
 
 def assert_exactly_once(out: Path, history: list, samples: int, epochs: int) -> dict[tuple, dict[int, dict]]:
-    """The ledger rule (:func:`hvd_elastic.testbed.ledger.committed_samples`) on this worker's records:
+    """The ledger rule (:func:`hvd_elastic.report.ledger.committed_samples`) on this worker's records:
     each epoch's samples trained once by committed steps.  Returns the batches, data checksums included."""
     batches = committed_batches(out)
     per_epoch, errors = committed_samples(JsonLines(out / "ledger" / "*.jsonl").rows(), history)

@@ -21,8 +21,8 @@ import psutil
 
 from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
-from hvd_elastic.testbed import child_env
-from hvd_elastic.testbed.procs import is_alive, wait_dead
+from testbed import child_env
+from testbed.procs import is_alive, wait_dead
 from hvd_elastic.training import forksafe
 
 HERE = Path(__file__).parent

@@ -5,10 +5,10 @@ host lost during a rendezvous makes the survivors still inside ``hvd.init()``
 abort, every worker of the round fails, and horovodrun exits ("failure count
 == N -> stop running", horovod/horovod#3264).  Here the same rule of Horovod's
 is met directly: elastic horovodrun on two local hosts (``localhost``,
-``127.0.0.1``, host-file discovery) trains :mod:`hvd_elastic.testbed.worker`,
+``127.0.0.1``, host-file discovery) trains :mod:`testbed.worker`,
 both workers are SIGKILLed at once, and the job must come back under
 ``hvd-elastic launch`` from its newest durable checkpoint and end with the
-fault matrix's verdict (:func:`hvd_elastic.testbed.ledger.run_problems`).
+fault matrix's verdict (:func:`hvd_elastic.report.ledger.run_problems`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 import psutil
 import pytest
 
-from hvd_elastic.testbed import HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.testbed.ledger import run_problems
+from testbed import HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.report.ledger import run_problems
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
 
@@ -35,7 +35,7 @@ def workers(out) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"], ad_value=None):
         cmd = proc.info["cmdline"] or []
-        if cmd[1:3] == ["-m", "hvd_elastic.testbed.worker"] and str(out) in cmd:
+        if cmd[1:3] == ["-m", "testbed.worker"] and str(out) in cmd:
             found.append(proc)
     return found
 
@@ -44,7 +44,7 @@ def test_a_round_in_which_every_worker_fails_is_relaunched_and_resumes(tmp_path)
     out = tmp_path / "job"
     discovery = host_file_discovery(tmp_path / "hosts", "localhost:1\n127.0.0.1:1\n")
     cmd = [HVD_ELASTIC, "launch", "--max-restarts", "2", "--restart-delay", "0", "--",
-           *horovodrun_elastic(discovery, 2, 2, 2), sys.executable, "-m", "hvd_elastic.testbed.worker",
+           *horovodrun_elastic(discovery, 2, 2, 2), sys.executable, "-m", "testbed.worker",
            "--out", out, "--samples", "96", "--checkpoint-every", "3"]
     out.mkdir()
     progress = JsonLines(out / "progress.jsonl")

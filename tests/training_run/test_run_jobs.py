@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import MPI_ROOT_ENV, VENV_BIN, Job, child_env, horovodrun_elastic, host_file_discovery
+from testbed import MPI_ROOT_ENV, VENV_BIN, Job, child_env, horovodrun_elastic, host_file_discovery
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
 

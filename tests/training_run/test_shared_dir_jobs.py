@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import Job, child_env, horovodrun_elastic, host_file_discovery
+from testbed import Job, child_env, horovodrun_elastic, host_file_discovery
 from hvd_elastic.training import shared_dir
 from hvd_elastic.training.checkpoint import CheckpointManager
 

@@ -1,6 +1,6 @@
 """What ``test_checkpoint.py`` still imports by its old name; new code imports
-:func:`hvd_elastic.testbed.child_env` itself (this module goes once nothing uses it)."""
+:func:`testbed.child_env` itself (this module goes once nothing uses it)."""
 
 from __future__ import annotations
 
-from hvd_elastic.testbed import child_env as subprocess_env  # noqa: F401 (re-exported)
+from testbed import child_env as subprocess_env  # noqa: F401 (re-exported)

@@ -1,6 +1,6 @@
 """Faults that land exactly on a boundary, under elastic horovodrun on localhost + 127.0.0.1.
 
-The test-bed worker (:mod:`hvd_elastic.testbed.worker`, DataLoader with a worker
+The test-bed worker (:mod:`testbed.worker`, DataLoader with a worker
 process) is told where to be hit, so each fault lands on its boundary by
 construction, not by luck of timing:
 
@@ -13,7 +13,7 @@ construction, not by luck of timing:
   worker's ``--broken-restore`` the step is applied twice and the verdict must say so.
 
 Each run must finish with every sample exactly once per epoch, identical state on
-every rank, and the committed step chain intact (:func:`hvd_elastic.testbed.ledger.verdict`).
+every rank, and the committed step chain intact (:func:`hvd_elastic.report.ledger.verdict`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import Job, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.testbed.ledger import verdict
+from testbed import Job, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.report.ledger import verdict
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
 
@@ -41,7 +41,7 @@ STEPS_PER_EPOCH = 12  # at 2 ranks x 4 samples
 
 def boundary_job(out: Path, *worker_args: str) -> Job:
     discover = host_file_discovery(out / "hosts", "localhost:1\n127.0.0.1:1\n")
-    cmd = [*horovodrun_elastic(discover, 2, 1, 2), sys.executable, "-m", "hvd_elastic.testbed.worker",
+    cmd = [*horovodrun_elastic(discover, 2, 1, 2), sys.executable, "-m", "testbed.worker",
            "--out", out, "--samples", str(SAMPLES), "--epochs", str(EPOCHS), "--step-sleep", "0",
            "--num-workers", "1", *worker_args]
     return Job(cmd, logdir=out, name="horovodrun",

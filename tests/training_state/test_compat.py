@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import child_env
+from testbed import child_env
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvd_elastic"
 

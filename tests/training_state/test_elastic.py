@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_elastic.testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.testbed.ledger import committed_samples
+from testbed import Job, JsonLines, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.report.ledger import committed_samples
 
 HERE = Path(__file__).parent
 WAIT = 180.0  # seconds the job may take to reach a state: a hang guard, not a speed bound

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_elastic.testbed import VENV_BIN, Job, child_env
+from testbed import VENV_BIN, Job, child_env
 
 import equal_weight_worker as worker
 

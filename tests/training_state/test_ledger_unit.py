@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvd_elastic.testbed.ledger import chain_problems, step_problems, verdict
+from hvd_elastic.report.ledger import chain_problems, step_problems, verdict
 
 SAMPLES = 4
 HISTORY = [[0, 0, 2, 2], [0, 2, 2, 2]]  # one epoch, two steps of 2 samples at world size 2

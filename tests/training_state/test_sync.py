@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.testbed import VENV_BIN, Job, child_env
+from testbed import VENV_BIN, Job, child_env
 
 HERE = Path(__file__).parent
 

@@ -35,12 +35,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import ports
+from hvd_elastic.local import ports
+from hvd_elastic.local.job import JobError, wait_until
+from hvd_elastic.report.jsonlines import JsonLines
+
 from .env import REPO, VENV_BIN
-from .job import JobError, wait_until
 from .multihost import ElasticCluster
 from .netns import LAUNCHER, PREFIX
-from .records import JsonLines
 
 SCRIPTS = REPO / "scripts" / "slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "mungekey")

@@ -18,7 +18,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from . import ports
+from hvd_elastic.local import ports
+
 from .env import VENV_BIN, fetched_binary_missing
 
 PROMETHEUS = VENV_BIN / "prometheus"

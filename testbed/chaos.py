@@ -37,7 +37,7 @@ Contracts:
   to all hosts within ``bound``; when it does not, the summary's ``not_back``
   says so, with what discovery printed (a finding, not part of the verdict).
 * **The verdict** (:meth:`Soak.finish`) is the matrix's, on the whole run:
-  :func:`.ledger.run_problems`; the recovery figures come from
+  :func:`hvd_elastic.report.ledger.run_problems`; the recovery figures come from
   :func:`hvd_elastic.report.timeline.build` over the same files.
 """
 
@@ -61,15 +61,16 @@ import psutil
 from hvd_elastic.report.runlog import ACTIONS, read_run
 from hvd_elastic.report.timeline import build
 
-from .job import JobError
-from .ledger import run_problems, verdict
+from hvd_elastic.local.job import JobError
+from hvd_elastic.report.jsonlines import JsonLines
+from hvd_elastic.report.ledger import run_problems, verdict
+
 from .multihost import ElasticCluster, TrainingJob
 from .netns import LAUNCHER
-from .records import JsonLines
 
 log = logging.getLogger(__name__)
 
-WORKER = "hvd_elastic.testbed.worker --out"  # a training worker's command line (and its DataLoader workers')
+WORKER = "testbed.worker --out"  # a training worker's command line (and its DataLoader workers')
 COOLDOWN = ("--blacklist-cooldown-range", "3", "5")  # without it Horovod blacklists a failed host for good
 CHAOS_LOG = "chaos.jsonl"  # the soak's whole log: injections, follow-ups and skips
 CHECKPOINT_WAIT_S = 30.0  # how long checkpoint-cut waits for a write to begin before it is skipped

@@ -19,7 +19,7 @@ per host (and spares for hosts added later).  Each test host runs
 ``hvd-elastic node-agent`` inside its namespace against its own node's agent.  The job runs on the
 launcher host: ``horovodrun`` with ``discovery/consul_hosts`` (or a plain host
 file, for baselines), reaching every host over ssh, training
-:mod:`hvd_elastic.testbed.worker`.  Every process it starts dies with it.
+:mod:`testbed.worker`.  Every process it starts dies with it.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.devagent import DevCluster
+from hvd_elastic.local.job import Job, horovodrun_elastic
+from hvd_elastic.local.realconsul import ConsulCluster
+from hvd_elastic.report.jsonlines import JsonLines
 
 from .env import CONSUL_HOSTS, HVD_ELASTIC, VENV_BIN, child_env
-from .job import Job, host_file_discovery, horovodrun_elastic
+from .job import host_file_discovery
 from .netns import LAUNCHER, PREFIX, NetnsBed
-from .realconsul import ConsulCluster
-from .records import JsonLines
 
 SPARE_HOSTS = 2  # Consul nodes made ready for hosts a test adds mid-run
 
@@ -266,7 +267,7 @@ class ElasticCluster:
         (through the host's standby, with ``standby``)."""
         through = [str(HVD_ELASTIC), "exec", "--standby", self.standby, "--"] if self.standby else []
         return ["--network-interface", "eth0", *horovodrun_args, *through,
-                str(VENV_BIN / "python"), "-m", "hvd_elastic.testbed.worker", "--out", str(out), *worker_args]
+                str(VENV_BIN / "python"), "-m", "testbed.worker", "--out", str(out), *worker_args]
 
     def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a job's horovodrun (and so of every worker) writing into ``out``; ``extra`` wins."""

@@ -1,13 +1,13 @@
-"""One launched process tree: horovodrun, mpirun, a node agent, a dev agent.
+"""One launched process tree: horovodrun, mpirun, a node agent, a standby.
 
-:class:`Job` is the only place the tests, benchmarks and demo start and kill
-such trees.  Contracts:
+:class:`Job` is the only place the demo (and the tests and benchmarks, through
+the unshipped ``testbed/``) start and kill such trees.  Contracts:
 
 * the command runs in a new session (its own process group), with stdout and
   stderr in ``<logdir>/<name>.<attempt>.log``; :meth:`Job.start` may be called
   again once an attempt has ended (a restarted job) and opens a new log;
 * every process of the job carries a marker in its environment
-  (``HVD_TESTBED_JOB``, inherited by whatever it starts, nested jobs included);
+  (``HVD_LOCAL_JOB``, inherited by whatever it starts, nested jobs included);
 * :meth:`Job.kill` SIGKILLs the launcher, every descendant still alive (also
   those that left the process group or session, as Horovod's workers do, and
   those orphaned by a launcher that died first: found by the marker) and
@@ -21,7 +21,6 @@ such trees.  Contracts:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -35,7 +34,8 @@ import psutil
 from .env import HVD_ELASTIC, VENV_BIN
 
 #: The environment variable that marks a job's processes: space-separated marks of every enclosing job.
-MARK_ENV = "HVD_TESTBED_JOB"
+#: Not ``HVD_ELASTIC_*``: child_env drops those, and a nested job must keep its parents' marks.
+MARK_ENV = "HVD_LOCAL_JOB"
 
 
 class JobError(AssertionError):
@@ -244,40 +244,6 @@ def start_node_agent(*args: str, env: dict[str, str], logdir: Path, name: str = 
     """
     return Job([HVD_ELASTIC, "--log-level", log_level, "node-agent", *args], env=env, logdir=logdir,
                name=name).start()
-
-
-def start_dev_agent(nodes: Sequence[str], *, env: dict[str, str], logdir: Path, name: str = "consul-dev",
-                    port: int = 0, log_level: str = "WARNING") -> tuple[Job, dict[str, str]]:
-    """``hvd-elastic consul-dev`` for ``nodes`` in its own process, as Consul would run: (its Job, {node: host:port}).
-
-    Returns once every node answers.  ``port`` is the first node's HTTP port (the
-    others follow); 0 lets each take a free one, read back from the agent's ready
-    file, never guessed beforehand.  Stop it with :meth:`Job.stop` or :meth:`Job.kill`.
-    """
-    ready = Path(logdir) / f"{name}.{uuid.uuid4().hex}.ready.json"
-    job = Job([HVD_ELASTIC, "--log-level", log_level, "consul-dev", "--nodes", ",".join(nodes), "--http-port", port,
-               "--ready-file", ready], env=env, logdir=logdir, name=name)
-    job.start()
-    try:
-        text = job.wait_until("the dev agent to answer on every node",
-                              lambda: ready.exists() and ready.read_text().strip(), 60, 0.05)
-    except BaseException:
-        job.kill()  # one that never answered is not left running
-        raise
-    ready.unlink()
-    return job, json.loads(text)
-
-
-def host_file_discovery(hosts_file: Path, hosts: str) -> Path:
-    """Horovod's plain way to drive membership: a script that prints ``hosts_file``.
-
-    Writes ``hosts`` into the file and returns the script; rewrite the file to change the hosts.
-    """
-    hosts_file.write_text(hosts)
-    script = hosts_file.with_name(hosts_file.name + ".sh")
-    script.write_text(f"#!/bin/sh\nexec cat '{hosts_file}'\n")
-    script.chmod(0o755)
-    return script
 
 
 def horovodrun_elastic(discovery: str | Path, np: int, min_np: int, max_np: int, *extra: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Ports for programs the test bed starts, chosen so that two never collide.
+"""Ports for the programs started on this machine (Consul agents, exporters), chosen so that two never collide.
 
 A port found free by binding port 0 and closing the socket is an *ephemeral*
 port: the kernel hands the same range to every outgoing connection, so it can

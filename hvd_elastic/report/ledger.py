@@ -1,4 +1,7 @@
-"""The end-of-run verdict on what :mod:`hvd_elastic.testbed.worker` left behind.
+"""The end-of-run exactly-once verdict on the evidence a job left behind (:mod:`hvd_elastic.report.evidence`).
+
+``hvd-elastic report`` prints it for a run directory with a ``ledger/``; the demo
+and the test bed's fault matrix judge their runs with it.
 
 The rule for rolled-back steps (:func:`committed_samples`, the one place it is
 applied): a ledger record counts only if its step key ``[epoch, offset,
@@ -32,7 +35,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .records import JsonLines
+from .jsonlines import JsonLines
 
 
 @dataclasses.dataclass

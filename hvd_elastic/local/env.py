@@ -1,4 +1,4 @@
-"""The environment of a child process started by the test bed, and where its programs are."""
+"""The environment of a process that the demo (or the test bed on top of it) starts, and where its programs are."""
 
 from __future__ import annotations
 
@@ -7,19 +7,16 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The checkout this package lives in (examples/, discovery/ and tests/ are found from here);
-#: for an installed package, the site-packages folder (which has no discovery/).
-REPO = Path(__file__).resolve().parents[2]
 #: The virtual environment's bin folder: horovodrun, hvd-elastic and python come from here.
 VENV_BIN = Path(sys.executable).parent
 #: The project's command (node agent, drain, status, consul-dev, ...).
 HVD_ELASTIC = VENV_BIN / "hvd-elastic"
+# A checkout (an editable install) runs its own discovery/consul_hosts, so an edit there is what runs;
+# for an installed package this is site-packages, which has no discovery/.
+_CHECKOUT_SCRIPT = Path(__file__).resolve().parents[2] / "discovery" / "consul_hosts"
 #: What ``horovodrun --host-discovery-script`` runs to ask Consul for hosts: the checkout's
 #: script, or (an installed package, no checkout) the copy installed next to hvd-elastic.
-CONSUL_HOSTS = next((p for p in (REPO / "discovery" / "consul_hosts", VENV_BIN / "consul_hosts") if p.exists()),
-                    REPO / "discovery" / "consul_hosts")
-#: Open MPI refuses to start as root unless told to; CI runs as root.
-MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+CONSUL_HOSTS = next((p for p in (_CHECKOUT_SCRIPT, VENV_BIN / "consul_hosts") if p.exists()), _CHECKOUT_SCRIPT)
 
 # Settings a developer's shell may carry that must not steer a child silently:
 # a test's job talks to the dev agent the test started, not to the user's Consul.
@@ -34,9 +31,10 @@ def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, disc
     """``base`` (default ``os.environ``) without ``CONSUL_*``/``HVD_ELASTIC_*``, plus ``extra``.
 
     The venv's bin folder comes first on ``PATH`` (horovodrun re-runs ``python`` on
-    every host by name), this checkout is on ``PYTHONPATH`` (workers import test
-    helpers next to them), and output is unbuffered so logs are complete when a
-    process is killed.  ``discovery_state`` becomes
+    every host by name) and output is unbuffered so logs are complete when a
+    process is killed.  ``PYTHONPATH`` is left as ``base`` has it: the children
+    import the installed hvd_elastic, wherever the command runs from (the test
+    bed, testbed/env.py, adds its checkout).  ``discovery_state`` becomes
     ``HVD_ELASTIC_DISCOVERY_STATE_DIR``, where ``discovery/consul_hosts`` keeps its
     first-call markers: give each job its own (a private folder, mode 0700, such as
     pytest's ``tmp_path``) so no run writes to or reads the shared default in /tmp.
@@ -48,7 +46,6 @@ def child_env(base: Mapping[str, str] | None = None, *, scrub: bool = True, disc
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if not (scrub and k.startswith(_SCRUBBED_PREFIXES)) and k not in _TOKEN_VARIABLES}
     env["PATH"] = os.pathsep.join(filter(None, [str(VENV_BIN), env.get("PATH")]))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     if discovery_state is not None:
         env["HVD_ELASTIC_DISCOVERY_STATE_DIR"] = str(discovery_state)

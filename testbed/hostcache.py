@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from hvd_elastic.discovery import cache
+
 from .env import CONSUL_HOSTS, HVD_ELASTIC
 from .procs import pid_alive
 

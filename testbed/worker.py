@@ -1,27 +1,14 @@
 """The training job the fault matrix, the recovery benchmark and the multi-host bed run.
 
-``python -m hvd_elastic.testbed.worker --out DIR [--api hvd_elastic|horovod]``, one
+``python -m testbed.worker --out DIR [--api hvd_elastic|horovod]``, one
 process per slot under elastic horovodrun.  It trains an MLP on a deterministic
-regression data set, committing after every step, and leaves evidence in ``DIR``
-(a shared file system, as on a cluster):
-
-* ``ledger/<host>-<pid>.jsonl``: one record per batch, written BEFORE the step:
-  the step's key ``[epoch, offset, world_size, step_samples]``, the rank and
-  the sample indices.  With ``--api hvd_elastic`` the committed ``history``
-  user value lists the key of every committed step, so :mod:`.ledger` counts a
-  record only if its key is in the final history (rolled-back steps never count;
-  a replayed key carries the same indices).  The committed ``digests`` value
-  holds, per committed step, the digest of parameters and optimizer state
-  before and after it (:mod:`.ledger` checks the chain).
-* ``progress.jsonl``: rank 0 appends ``{"time", "step", "size", "epoch", "host"}``
-  after every commit: what tests wait on and benchmarks time.
-* ``pids/<pid>.json``: rank, size and host of each worker since its last (re)start, and
-  when its process started, finished importing and finished ``hvd.init()``.
-* ``final-<rank>.json``: parameter and optimizer checksums, scheduler state, the
-  optimizer states' step counts and (rank 0) the history and digests, when training ends.
-* ``events.jsonl`` and ``ckpt/``: the run decorator's event log and checkpoints
-  (``--api hvd_elastic`` only; ``--checkpoint-dir`` puts the checkpoints elsewhere,
-  such as a directory each host sees differently).
+regression data set, committing after every step, and leaves the evidence of
+:mod:`hvd_elastic.report.evidence` in ``DIR`` (``ledger/``, ``progress.jsonl``,
+``pids/``, ``final-<rank>.json``; with ``--api hvd_elastic`` the committed
+``history`` and ``digests`` the verdict, :mod:`hvd_elastic.report.ledger`, checks)
+and, with ``--api hvd_elastic``, the run decorator's ``events.jsonl`` and ``ckpt/``
+(``--checkpoint-dir`` puts the checkpoints elsewhere, such as a directory each
+host sees differently).
 
 While ``DIR/stall-checkpoints`` exists, checkpoint writes stall before they
 become durable, so a test can kill the job in the middle of one.
@@ -45,7 +32,7 @@ is applied, and they fail inside that collective, the window where a restore
 must roll the update back.
 ``--broken-restore`` (tests only) is a deliberately broken ``restore()`` that
 rolls back sampler and values but not model, optimizer and scheduler, for the
-proof that :mod:`.ledger` catches a step applied twice.
+proof that the verdict catches a step applied twice.
 
 ``--api horovod`` is stock Horovod elastic (``hvd.elastic.TorchState`` with an
 ``ElasticSampler``), the baseline of the recovery benchmark; it writes progress
@@ -56,21 +43,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import importlib
-import json
 import os
 import signal
-import socket
 import time
 
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import horovod.torch as hvd
 
-IMPORTED = time.time()  # torch + horovod imported; main() moves it past --import: a joining worker's start-up ends there
+from hvd_elastic.report.evidence import Evidence, write_atomic, write_final
 
 
 class Indexed(Dataset):
@@ -107,62 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, value in sorted(optimizer.state[p].items()):
-                if torch.is_tensor(value):
-                    h.update(key.encode())
-                    h.update(value.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def write_atomic(path: str, obj: object) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-class Evidence:
-    """The files this worker leaves in ``--out``."""
-
-    def __init__(self, out: str):
-        self.out = out
-        self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-        for sub in ("ledger", "pids"):
-            os.makedirs(os.path.join(out, sub), exist_ok=True)
-        self._ledger = open(os.path.join(out, "ledger", f"{self.host}-{os.getpid()}.jsonl"), "a", buffering=1)
-
-    def started(self) -> None:
-        """At each (re)entry of the training function: who this worker is now, and its start-up times."""
-        write_atomic(os.path.join(self.out, "pids", f"{os.getpid()}.json"),
-                     {"rank": hvd.rank(), "size": hvd.size(), "host": self.host, "pid": os.getpid(),
-                      "process_start": psutil.Process().create_time(), "imported": IMPORTED, "initialised": self.initialised})
-
-    def batch(self, key: list, indices) -> None:
-        self._ledger.write(json.dumps({"key": key, "rank": hvd.rank(), "idx": [int(i) for i in indices]}) + "\n")
-
-    def tracked_batch(self, state, sampler, indices) -> list:
-        """Ledger record, committed-``history`` entry and digest before the step of the batch about to
-        train; its step key.
-
-        Call before the step: a step that is rolled back leaves its record, and its key
-        leaves ``history`` with the restore, which is the rule :mod:`.ledger` applies.
-        """
-        key = [state.epoch, sampler.offset, hvd.size(), sampler.step_samples]
-        self.batch(key, indices)
-        state.history.append(key)
-        state.digests.append([checksum(state.model, state.optimizer), None])
-        return key
+class FaultyEvidence(Evidence):
+    """The evidence, plus the switches in ``DIR`` the tests inject faults and hold points through."""
 
     def applied(self, state) -> None:
         """After ``optimizer.step()``: the step's digest after; then, when asked, this rank dies here."""
-        state.digests[-1][1] = checksum(state.model, state.optimizer)
+        super().applied(state)
         claim = os.path.join(self.out, "die-after-step")
         try:  # no exists() first: the rank that claims it may unlink it between the two
             with open(claim) as f:
@@ -176,22 +109,6 @@ class Evidence:
                 return
             time.sleep(1.0)  # the peers' updates are applied and they wait in the next collective
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def committed(self, step: int, epoch: int, **fields) -> None:
-        """Rank 0's progress row for a committed step; ``fields`` (a loss) are added to it."""
-        if hvd.rank() == 0:
-            line = json.dumps({"time": time.time(), "step": step, "size": hvd.size(), "epoch": epoch,
-                               "host": self.host, **fields})
-            # O_APPEND writes of one short line are atomic, whichever process is rank 0 now.
-            with open(os.path.join(self.out, "progress.jsonl"), "a") as f:
-                f.write(line + "\n")
-
-    def flag(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.out, name))
-
-    def pause(self, seconds: float) -> None:
-        if seconds and not (self.flag("fast") or self.flag("stop")):
-            time.sleep(seconds)
 
     def hold(self, name: str, step: int, limit: float = 300.0) -> None:
         """While ``DIR/hold-<name>`` exists: write ``DIR/held-<name>-<rank>`` (holding ``step``), then wait.
@@ -222,13 +139,12 @@ def step_loss(loss: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    global IMPORTED
     for module in filter(None, args.imports.split(",")):
         importlib.import_module(module)
-    IMPORTED = time.time()
+    imported = time.time()  # after --import: a joining worker's start-up ends here
     hvd.init()  # a joining worker's rendezvous with the survivors happens in here
     torch.set_num_threads(1)
-    evidence = Evidence(args.out)
+    evidence = FaultyEvidence(args.out, imported=imported)
     evidence.initialised = time.time()
     torch.manual_seed(1000 + os.getpid())  # different on every worker: the state's sync must fix it
     dataset = Indexed(args.samples)
@@ -244,21 +160,6 @@ def main(argv: list[str] | None = None) -> None:
     write_final(args.out, model, optimizer, scheduler, state, args.samples)
 
 
-def write_final(out: str, model, optimizer, scheduler, state, samples: int) -> None:
-    """``final-<rank>.json``, what :func:`hvd_elastic.testbed.ledger.verdict` reads: checksums, scheduler,
-    the optimizer states' step counts, (rank 0) the committed ``history`` of step keys and their
-    ``digests``, the epochs trained and the data set's size."""
-    rank0 = hvd.rank() == 0
-    write_atomic(os.path.join(out, f"final-{hvd.rank()}.json"), {
-        "rank": hvd.rank(), "size": hvd.size(), "checksum": checksum(model, optimizer),
-        "scheduler": scheduler.state_dict(), "lr": optimizer.param_groups[0]["lr"],
-        "optimizer_steps": [int(entry["step"]) for entry in optimizer.state.values() if "step" in entry],
-        "history": getattr(state, "history", None) if rank0 else None,
-        "digests": getattr(state, "digests", None) if rank0 else None,
-        "epochs": state.epoch, "samples": samples,
-    })
-
-
 def _step(model, optimizer, scheduler, x, y, step_samples: int) -> torch.Tensor:
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / step_samples
@@ -270,7 +171,7 @@ def _step(model, optimizer, scheduler, x, y, step_samples: int) -> torch.Tensor:
 
 class _BrokenRestore:
     """Tests only: a restore() that rolls back sampler and values but keeps model, optimizer and
-    scheduler as they are (a regression :mod:`.ledger` must catch)."""
+    scheduler as they are (a regression the verdict must catch)."""
 
     def restore(self) -> None:
         live = [(obj, copy.deepcopy(obj.state_dict())) for obj in (self.model, self.optimizer, *self.schedulers)]

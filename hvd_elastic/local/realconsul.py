@@ -1,6 +1,7 @@
-"""HashiCorp Consul for the tests: :class:`ConsulCluster` has :class:`~hvd_elastic.devagent.DevCluster`'s interface.
+"""HashiCorp Consul on this machine: :class:`ConsulCluster` has :class:`~hvd_elastic.devagent.DevCluster`'s interface.
 
-So one fixture runs a suite against both (:func:`consul_cluster`).  The binary is
+So the demo runs on either (``hvd-elastic demo --consul``), and one test fixture
+runs a suite against both (:func:`consul_cluster`).  The binary is
 ``consul`` next to the venv's Python, put there by ``scripts/fetch-consul.sh``
 (from ``scripts/bootstrap.sh``): Consul 1.8.7, the oldest the project supports.
 
