@@ -190,13 +190,15 @@ def markdown(summary: dict) -> str:
     base_text = f"{base['median']:.3f} s, n={base['n']}" if base["n"] else "none"
     lines = [
         "| DataLoader num_workers | before: fix off (min-max) | after: fix on (min-max) | after / before "
-        f"| after / num_workers=0 after (baseline {base_text}) | target <= {TARGET_SECONDS} s and <= {TARGET_RATIO:g}x |",
+        f"| after / num_workers=0 after (baseline {base_text}) "
+        f"| target <= {TARGET_SECONDS} s and <= {TARGET_RATIO:g}x |",
         "|---|---|---|---|---|---|",
     ]
     for label, c in summary.items():
         vs_before = (f"{c['after_vs_before']:.3f}x (n={c['after']['n']} vs {c['before']['n']})"
                      if "after_vs_before" in c else "")
-        vs_base = f"{c['after_vs_workers_0']:.2f}x (n={c['after']['n']} vs {base['n']})" if "after_vs_workers_0" in c else ""
+        vs_base = (f"{c['after_vs_workers_0']:.2f}x (n={c['after']['n']} vs {base['n']})"
+                   if "after_vs_workers_0" in c else "")
         met = {True: "met", False: "missed"}.get(c.get("target_met"), "")
         lines.append(f"| {label} | {cell(c['before'])} | {cell(c['after'])} | {vs_before} | {vs_base} | {met} |")
     return "\n".join(lines)

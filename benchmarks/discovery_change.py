@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: te
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from testbed.hostcache import cache_files, fresh_record, kill_watchers, read_record  # noqa: E402
-from discovery_speed import ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, dev_agent, private_dir, request, result_path  # noqa: E402
+from discovery_speed import (ARGS, CONSUL_HOSTS, SERVICE, child_env, cluster_parser, dev_agent,  # noqa: E402
+                             private_dir, request, result_path)
 from report import Row, format_table, load_note, spread, write_json  # noqa: E402
 
 POLL_S = 0.002
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             with dev_agent(work, args.nodes, args.instances) as addresses:
                 nodes = list(addresses.values())
                 env = child_env(nodes[0], state, "on")
-                first = subprocess.run([str(CONSUL_HOSTS), *ARGS], env=env, capture_output=True, start_new_session=True, timeout=120)
+                first = subprocess.run([str(CONSUL_HOSTS), *ARGS], env=env, capture_output=True, start_new_session=True,
+                                       timeout=120)
                 assert first.returncode == 0, first.stderr[-500:]
                 deadline = time.monotonic() + 120
                 while fresh_record(state) is None:
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.05)
                 path = cache_files(state)[0]
                 stop = threading.Event()
-                parked = [threading.Thread(target=park, args=(nodes[k % len(nodes)], stop), daemon=True) for k in range(args.parked)]
+                parked = [threading.Thread(target=park, args=(nodes[k % len(nodes)], stop), daemon=True)
+                          for k in range(args.parked)]
                 for thread in parked:
                     thread.start()
                 step = max(args.instances // args.changes, 1)
@@ -118,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                     status, _ = request(agent_addr, "PUT", check % "fail")
                     assert status == 200
                     leave.append(wait_for_file(path, host_of(i), False, start))
-                    out = subprocess.run([str(CONSUL_HOSTS), *ARGS], env=env, capture_output=True, start_new_session=True, timeout=120)
-                    assert out.returncode == 0 and host_of(i) not in out.stdout, "discovery still printed the failed host"
+                    out = subprocess.run([str(CONSUL_HOSTS), *ARGS], env=env, capture_output=True,
+                                         start_new_session=True, timeout=120)
+                    assert (out.returncode == 0
+                            and host_of(i) not in out.stdout), "discovery still printed the failed host"
                     start = time.perf_counter()
                     status, _ = request(agent_addr, "PUT", check % "pass")
                     assert status == 200
@@ -133,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             Row("check passing -> host back in the cache file", spread(join))]
     print(format_table(f"host cache change latency, {args.instances} instances ({size / 1e6:.2f} MB answer), "
                        f"{args.changes} changes, {args.parked} other watchers parked; {load_note(load)}", rows))
-    write_json(result_path(args, "discovery_change"), {"instances": args.instances, "changes": args.changes, "parked": args.parked, "answer_bytes": size, "rows": rows,
-                      "leave_s": leave, "join_s": join})
+    write_json(result_path(args, "discovery_change"),
+               {"instances": args.instances, "changes": args.changes, "parked": args.parked, "answer_bytes": size,
+                "rows": rows, "leave_s": leave, "join_s": join})
     return 0
 
 

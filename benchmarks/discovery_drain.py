@@ -93,7 +93,8 @@ class ConsulMode:
 
     def wait_for_both(self) -> None:
         wait_until("discovery to list both hosts",
-                   lambda: sorted(run_discovery(self.env, "--http-addr", self.local).stdout.split()) == sorted(BOTH.split()),
+                   lambda: (sorted(run_discovery(self.env, "--http-addr", self.local).stdout.split())
+                            == sorted(BOTH.split())),
                    timeout=60, interval=0.2, jobs=self.agents)
 
     def round(self, workdir: Path) -> tuple[float, float]:

@@ -70,20 +70,26 @@ def main(argv: list[str] | None = None) -> int:
                 with CountingProxy(addr) as direct_proxy, CountingProxy(addr) as cache_proxy:
                     calls = {"direct": {}, "cache": {}}
                     loops = [
-                        threading.Thread(target=poll, args=(child_env(direct_proxy.addr, private_dir(work, "direct"), "off"), args.seconds, calls["direct"])),
-                        threading.Thread(target=poll, args=(child_env(cache_proxy.addr, cache_state, "on"), args.seconds, calls["cache"])),
+                        threading.Thread(target=poll,
+                                         args=(child_env(direct_proxy.addr, private_dir(work, "direct"), "off"),
+                                               args.seconds, calls["direct"])),
+                        threading.Thread(target=poll,
+                                         args=(child_env(cache_proxy.addr, cache_state, "on"),
+                                               args.seconds, calls["cache"])),
                     ]
                     for loop in loops:
                         loop.start()
                     for loop in loops:
                         loop.join()
-                    result = {"direct": summary(direct_proxy, calls["direct"]), "cache": summary(cache_proxy, calls["cache"])}
+                    result = {"direct": summary(direct_proxy, calls["direct"]),
+                              "cache": summary(cache_proxy, calls["cache"])}
         finally:
             kill_watchers(cache_state)
 
     print(f"Consul load of one job polling every second for {args.seconds:g} s, {args.instances} instances, "
           f"nothing changing; {load_note(load)}")
-    print(f"{'job':<8}{'calls':>7}{'failed':>8}{'health answers':>16}{'of which blocking':>19}{'parked at end':>15}{'MB sent':>10}")
+    print(f"{'job':<8}{'calls':>7}{'failed':>8}{'health answers':>16}{'of which blocking':>19}"
+          f"{'parked at end':>15}{'MB sent':>10}")
     for name, r in result.items():
         print(f"{name:<8}{r['calls']:>7}{r['failures']:>8}{r['health_answers']:>16}{r['blocking_answers']:>19}"
               f"{r['parked_at_end']:>15}{r['bytes_sent'] / 1e6:>10.2f}")

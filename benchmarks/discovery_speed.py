@@ -159,7 +159,8 @@ def child_env(addr: str, state: Path, cache: str) -> dict[str, str]:
     return env
 
 
-def rounds(commands: dict[str, tuple[list[str], dict, int | None]], runs: int, before_each=None) -> dict[str, list[float]]:
+def rounds(commands: dict[str, tuple[list[str], dict, int | None]], runs: int,
+           before_each=None) -> dict[str, list[float]]:
     """Interleaved rounds: every command once per round, in order; one warm-up round first."""
     times: dict[str, list[float]] = {name: [] for name in commands}
     for n in range(runs + 1):
@@ -260,10 +261,14 @@ def measure(args: argparse.Namespace, addresses: dict[str, str], workdir: Path) 
         row("consul_hosts, warm cache", main["consul_hosts, warm cache"], BASE_ISOLATED, iso, 2.0),
         row("hvd-elastic discover, warm cache", main["hvd-elastic discover, warm cache"], BASE_PLAIN, plain, 2.0),
         row("hvd-elastic discover, warm cache", main["hvd-elastic discover, warm cache"], BASE_ISOLATED, iso),
-        row("consul_hosts, operator's cache (--cache-file)", main["consul_hosts, operator's cache (--cache-file)"], BASE_ISOLATED, iso, 2.0),
-        row("consul_hosts, direct (agent response cache)", main["consul_hosts, direct (agent response cache)"], BASE_ISOLATED, iso),
-        row("hvd-elastic discover, direct (agent response cache)", main["hvd-elastic discover, direct (agent response cache)"], BASE_PLAIN, plain),
-        row("consul_hosts, direct (agent cache defeated)", defeated["consul_hosts, direct (agent cache defeated)"], BASE_ISOLATED, defeated[BASE_ISOLATED]),
+        row("consul_hosts, operator's cache (--cache-file)", main["consul_hosts, operator's cache (--cache-file)"],
+            BASE_ISOLATED, iso, 2.0),
+        row("consul_hosts, direct (agent response cache)", main["consul_hosts, direct (agent response cache)"],
+            BASE_ISOLATED, iso),
+        row("hvd-elastic discover, direct (agent response cache)",
+            main["hvd-elastic discover, direct (agent response cache)"], BASE_PLAIN, plain),
+        row("consul_hosts, direct (agent cache defeated)", defeated["consul_hosts, direct (agent cache defeated)"],
+            BASE_ISOLATED, defeated[BASE_ISOLATED]),
         row("consul_hosts, cold start (first call of a job)", cold, BASE_ISOLATED, cold_base),
         row("cold start until the watcher's first answer", first_answer),
         row("health query HTTP round trip (http.client, agent response cache)", http_times),
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         with dev_agent(Path(tmp), args.nodes, args.instances, args.consul) as addresses:
             result = measure(args, addresses, Path(tmp))
     result["consul"] = "HashiCorp Consul 1.8.7" if args.consul == "consul" else "the dev agent"
-    title = (f"discovery against {result['instances']} healthy instances ({result['health_response_bytes'] / 1e6:.2f} MB answer) "
+    title = (f"discovery against {result['instances']} healthy instances "
+             f"({result['health_response_bytes'] / 1e6:.2f} MB answer) "
              f"on {result['consul']}, "
              f"{args.runs} interleaved rounds, {args.cold_runs} cold starts; {load_note(load)}")
     print(format_table(title, result["rows"]))

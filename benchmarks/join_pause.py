@@ -109,7 +109,8 @@ class Round:
     def _relaunch(self, job: Job) -> float:
         """SIGKILL the whole job after a durable checkpoint; seconds from the new horovodrun to its first step."""
         ckpt = self.out / "ckpt"
-        wait_until("a durable checkpoint", lambda: ckpt.is_dir() and CheckpointManager(ckpt).checkpoints(), WAIT, jobs=[job])
+        wait_until("a durable checkpoint", lambda: ckpt.is_dir() and CheckpointManager(ckpt).checkpoints(), WAIT,
+                   jobs=[job])
         job.kill()
         self.hosts.write_text(TWO)
         t0 = time.time()
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             phases = [s["phases"] for s in samples[cost][mode]]
             print(f"{cost} {mode} pause (median s): " + ", ".join(
                 f"{k} {statistics.median(p[k] for p in phases):.2f}" for k in phases[0]))
-    print(format_table(f"a join on local hosts (localhost + 127.0.0.1), 2 -> 3 slots ({load_note(load_at_start)})", rows))
+    print(format_table("a join on local hosts (localhost + 127.0.0.1), 2 -> 3 slots "
+                       f"({load_note(load_at_start)})", rows))
     write_json(args.json, {"rounds": args.rounds, "costs": {c: COSTS[c] or "torch + horovod" for c in costs},
                            "samples": samples, "rows": rows})
     print(f"wrote {args.json}")

@@ -160,9 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         Row("one step + commit, metrics off", spread(step)),
         Row("the runner's metrics bookkeeping of one commit (always on)", spread(feed)),
         Row("CPU of one scrape, HTTP round trip in-process (an upper bound)", spread(scrape)),
-        *(Row(f"  bound: scrape CPU per second of training, every {intervals[v]:g} s", spread([scrape_s / intervals[v] * 100]),
-              unit="%") for v in intervals),
-        Row("  bound: bookkeeping per step", spread([statistics.median(feed) / statistics.median(step) * 100]), unit="%"),
+        *(Row(f"  bound: scrape CPU per second of training, every {intervals[v]:g} s",
+              spread([scrape_s / intervals[v] * 100]), unit="%") for v in intervals),
+        Row("  bound: bookkeeping per step", spread([statistics.median(feed) / statistics.median(step) * 100]),
+            unit="%"),
     ]
     params = sum(p.numel() for p in model.parameters())
     print(format_table(f"metrics overhead: MLP of {params / 1e6:.2f}M parameters + Adam, 1 torch thread, "

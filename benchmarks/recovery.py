@@ -192,14 +192,16 @@ class Round:
 
     def _rolled_back(self, t0: float, first: dict) -> int:
         """Steps committed before the event that the new world trained again."""
-        before = [r["step"] for r in self.cluster.progress(self.job) if r["time"] < first["time"] and r["time"] >= t0 - 60]
+        before = [r["step"] for r in self.cluster.progress(self.job)
+                  if r["time"] < first["time"] and r["time"] >= t0 - 60]
         return max(0, max(before, default=0) - (first["step"] - 1))
 
     def _phases(self, t0: float, first: dict, joined: bool) -> dict:
         events = EventLog.read(self.job.out / "events.jsonl")
         reset = next(e for e in events if e["event"] == "reset" and e.get("interrupted_at", 0) > t0)
         noticed = reset.get("notified_at") or reset["interrupted_at"]
-        sync = next((e for e in events if e["event"] == "sync" and reset["interrupted_at"] < e["time"] <= reset["time"]),
+        sync = next((e for e in events
+                     if e["event"] == "sync" and reset["interrupted_at"] < e["time"] <= reset["time"]),
                     None)
         reinit_end = sync["time"] - sync["seconds"] if sync else reset["time"]
         phases = {"detection": noticed - t0, "interrupt": reset["interrupted_at"] - noticed,
@@ -252,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     consuls = args.consul.split(",")
     bad = [e for e in events if e not in EVENTS]
     if bad or args.rounds < 1:
-        parser.error(f"unknown event(s) {bad} (expected some of {', '.join(EVENTS)})" if bad else "--rounds must be >= 1")
+        parser.error(f"unknown event(s) {bad} (expected some of {', '.join(EVENTS)})" if bad
+                     else "--rounds must be >= 1")
     if not consuls or any(c not in CONSULS for c in consuls):
         parser.error(f"--consul {args.consul!r}: expected a comma-separated subset of {', '.join(CONSULS)}")
     reason = unavailable_reason()

@@ -285,7 +285,8 @@ def main(argv=None) -> int:
     report = Bench(args).run()
     if hvd.rank() == 0:
         print(format_table(
-            f"{report['parameters'] / 1e6:.1f}M-parameter MLP + Adam, {report['state_bytes'] / 2**20:.0f} MiB of state, "
+            f"{report['parameters'] / 1e6:.1f}M-parameter MLP + Adam, "
+            f"{report['state_bytes'] / 2**20:.0f} MiB of state, "
             f"{report['world_size']} Gloo workers, batch {report['batch']}, {report['torch_threads']} torch thread(s), "
             f"{load_note(load_at_start)}; slowest rank per sample, ratios per interleaved round",
             report["rows"]), flush=True)

@@ -4,8 +4,9 @@ The training API is exported lazily, so command-line paths that never train
 (``hvd-elastic discover`` runs every second under horovodrun) do not import
 torch or horovod.  ``CheckpointManager`` and ``EventLog`` are not exported:
 ``run`` owns a job's checkpoints and event log, and a second writer in the same
-directory should never be the easy path (they stay in :mod:`hvd_elastic.training`).  The ``TYPE_CHECKING`` block names the same objects for type
-checkers and IDEs; keep it and ``_LAZY`` in step (a test checks they match).
+directory should never be the easy path (they stay in :mod:`hvd_elastic.training`).
+The ``TYPE_CHECKING`` block names the same objects for type checkers and IDEs;
+keep it and ``_LAZY`` in step (a test checks they match).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("hvd_elastic.discovery.status", "show the service's nodes, slots, health and what discovery prints"),
     "standby": ("hvd_elastic.standby.server", "import torch and horovod once, then fork this host's workers fast"),
     "exec": ("hvd_elastic.standby.launch", "run a worker command through this host's standby (horovodrun's command)"),
-    "launch": ("hvd_elastic.launcher", "run horovodrun, and relaunch it when the job dies (it resumes from its checkpoint)"),
+    "launch": ("hvd_elastic.launcher",
+               "run horovodrun, and relaunch it when the job dies (it resumes from its checkpoint)"),
     "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
     "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
 }

@@ -91,7 +91,8 @@ def parse_check_build(text: str) -> dict[str, dict[str, bool]]:
 
 
 def check_horovod(args: argparse.Namespace) -> Finding:
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    horovodrun = shutil.which("horovodrun",
+                              path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
         return Finding("horovod", False, "horovodrun not found", BOOTSTRAP_FIX)
     try:
@@ -136,12 +137,15 @@ def check_consul(args: argparse.Namespace) -> Finding:
     except ConsulError as exc:
         return Finding("consul", False, str(exc), fix if exc.status is None else "")
     if not leader:
-        return Finding("consul", False, f"{cfg.base_url} reports no cluster leader", "wait for the Consul cluster to elect a leader")
+        return Finding("consul", False, f"{cfg.base_url} reports no cluster leader",
+                       "wait for the Consul cluster to elect a leader")
     return Finding("consul", True, f"{cfg.base_url} leader {leader}")
 
 
 def check_token(args: argparse.Namespace) -> Finding:
-    """The token check discovery makes under horovodrun (:mod:`hvd_elastic.discovery.token_guard`), and the token file's mode."""
+    """The token check discovery makes under horovodrun (:mod:`hvd_elastic.discovery.token_guard`),
+    and the token file's mode.
+    """
     try:
         accepted = token_guard.allowed(os.environ)
     except ConfigError as exc:
@@ -150,7 +154,8 @@ def check_token(args: argparse.Namespace) -> Finding:
     if found is not None:
         risk, fix = found
         allow = f"{token_guard.ALLOW_ENV}=1"
-        detail = f"{risk}; under horovodrun discovery " + (f"runs anyway ({allow})" if accepted else f"refuses to run unless {allow}")
+        detail = f"{risk}; under horovodrun discovery " + (f"runs anyway ({allow})" if accepted
+                                                           else f"refuses to run unless {allow}")
         return Finding("token", False, detail, fix, required=not accepted)
     path = os.environ.get("CONSUL_HTTP_TOKEN_FILE")
     if not path:
@@ -272,7 +277,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the same shared directory), one 'shared' line per host")
     parser.add_argument("--timeout", type=_non_negative, default=2.0,
                         help="seconds to wait for the Consul agent (default %(default)s)")
-    parser.epilog = "Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE and the other CONSUL_HTTP_* variables."
+    parser.epilog = ("Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE and the other "
+                     "CONSUL_HTTP_* variables.")
 
 
 def run(args: argparse.Namespace) -> int:

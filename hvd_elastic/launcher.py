@@ -156,7 +156,8 @@ class Launcher:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if self.stall_timeout and (quiet := time.time() - max(started, _mtime(self.progress_file))) > self.stall_timeout:
+            if (self.stall_timeout
+                    and (quiet := time.time() - max(started, _mtime(self.progress_file))) > self.stall_timeout):
                 tail.append(f"no progress in {self.progress_file} for {quiet:.0f} s: the job is stuck")
                 log.warning("%s: no change in %s for %.0f s (--stall-timeout %g): ending the stuck job",
                             self.command[0], self.progress_file, quiet, self.stall_timeout)

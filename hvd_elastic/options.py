@@ -85,13 +85,19 @@ def host_list(text: str) -> list[str]:
 
 def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Consul connection (flags win over CONSUL_* variables)")
-    group.add_argument("--http-addr", metavar="ADDR", help="agent address, host:port or http[s]://host:port (env CONSUL_HTTP_ADDR; default 127.0.0.1:8500)")
-    group.add_argument("--token", help="ACL token (env CONSUL_HTTP_TOKEN); prefer --token-file: command lines are visible to other users, and under horovodrun discovery refuses both unless HVD_ELASTIC_ALLOW_EXPOSED_TOKEN=1")
+    group.add_argument("--http-addr", metavar="ADDR",
+                       help="agent address, host:port or http[s]://host:port (env CONSUL_HTTP_ADDR; default "
+                            "127.0.0.1:8500)")
+    group.add_argument("--token",
+                       help="ACL token (env CONSUL_HTTP_TOKEN); prefer --token-file: command lines are visible to "
+                            "other users, and under horovodrun discovery refuses both unless "
+                            "HVD_ELASTIC_ALLOW_EXPOSED_TOKEN=1")
     group.add_argument("--token-file", metavar="PATH", help="file holding the ACL token (env CONSUL_HTTP_TOKEN_FILE)")
     group.add_argument("--ca-file", metavar="PATH", help="CA bundle for https (env CONSUL_CACERT)")
     group.add_argument("--client-cert", metavar="PATH", help="client certificate for https (env CONSUL_CLIENT_CERT)")
     group.add_argument("--client-key", metavar="PATH", help="client key for https (env CONSUL_CLIENT_KEY)")
-    group.add_argument("--datacenter", metavar="DC", default=env("HVD_ELASTIC_DATACENTER"), help="datacenter to query (env HVD_ELASTIC_DATACENTER; default the agent's)")
+    group.add_argument("--datacenter", metavar="DC", default=env("HVD_ELASTIC_DATACENTER"),
+                       help="datacenter to query (env HVD_ELASTIC_DATACENTER; default the agent's)")
 
 
 def add_service_argument(parser: argparse.ArgumentParser) -> None:

@@ -157,7 +157,8 @@ def _host_leave(soak: "Soak", host: str):
 
 def _room_for_a_host(soak: "Soak", host: None) -> None:
     if len(soak.cluster.bed.hosts) >= soak.config.max_hosts:
-        raise Skip(f"the bed has {len(soak.cluster.bed.hosts)} hosts, the most this soak adds to ({soak.config.max_hosts})")
+        raise Skip(f"the bed has {len(soak.cluster.bed.hosts)} hosts, "
+                   f"the most this soak adds to ({soak.config.max_hosts})")
 
 
 def _host_new(soak: "Soak", host: None):

@@ -28,7 +28,8 @@ def run_discovery(env: dict[str, str], *args: str, cli: bool = False) -> subproc
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, start_new_session=True)
 
 
-def consul_request(addr: str, method: str, path: str, body: object = None, token: str | None = None) -> tuple[int, object]:
+def consul_request(addr: str, method: str, path: str, body: object = None,
+                   token: str | None = None) -> tuple[int, object]:
     """One request to a dev agent; returns (status, decoded JSON or text)."""
     host, port = addr.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)

@@ -1,4 +1,5 @@
-"""Discovery's host cache under test (tests/discovery and the discovery benchmarks): a stand-in horovodrun, a counting proxy, cache files.
+"""Discovery's host cache under test (tests/discovery and the discovery benchmarks): a stand-in horovodrun, a
+counting proxy, cache files.
 
 * :class:`StandInJob` is a process that runs discovery calls the way
   horovodrun does (each in a new session, so the call's job is this process);
@@ -69,7 +70,8 @@ class StandInJob:
 
 def cache_files(state_dir: Path) -> list[Path]:
     """The host cache files (not their lock, log or temp files) under a discovery state directory."""
-    return sorted(p for p in state_dir.glob("*/hosts-*") if p.suffix not in (".lock", ".log", ".tmp") and ".tmp" not in p.name)
+    return sorted(p for p in state_dir.glob("*/hosts-*")
+                  if p.suffix not in (".lock", ".log", ".tmp") and ".tmp" not in p.name)
 
 
 def read_record(path: Path) -> cache.Record | None:

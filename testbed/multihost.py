@@ -165,7 +165,8 @@ class ElasticCluster:
         if self.standby and not (host in self.standbys and self.standbys[host].running()):
             self.start_standby(host)
         waits = ["--standby", self.standby] if self.standby else []
-        job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent", "--http-addr", self.consul_addr(host),
+        job = Job(self.bed.on(host, [HVD_ELASTIC, "--log-level", "INFO", "node-agent",
+                                     "--http-addr", self.consul_addr(host),
                                      "--slots", str(self.slots), *self.node_agent_health_arguments(), *waits],
                               mount=bool(self.standby)),
                   env=child_env(**self.consul_env, **self.standby_env()), logdir=self.workdir / "logs",
@@ -187,8 +188,10 @@ class ElasticCluster:
         return job
 
     def node_agent_health_arguments(self) -> list[str]:
-        """The bed's node-agent health settings: its TTL, four updates per TTL, memory probe only (1K free is enough)."""
-        return ["--ttl", str(self.ttl), "--interval", str(max(self.ttl / 4, 0.2)), "--probe", "memory", "--min-free-memory", "1K"]
+        """The bed's node-agent health settings: its TTL, four updates per TTL, memory probe only (1K free is
+        enough)."""
+        return ["--ttl", str(self.ttl), "--interval", str(max(self.ttl / 4, 0.2)), "--probe", "memory",
+                "--min-free-memory", "1K"]
 
     def stop_agent(self, host: str) -> None:
         """The node agent dies (SIGKILL): its TTL check expires after ``ttl`` seconds."""
@@ -258,11 +261,13 @@ class ElasticCluster:
                 if stall_timeout else []
             cmd = [str(HVD_ELASTIC), "launch", "--max-restarts", str(max_restarts), *watch, "--", *cmd]
         job = TrainingJob(out, self.bed.on(LAUNCHER, cmd), env=self.job_env(out, env), logdir=out, name="horovodrun",
-                          also_kill=lambda: [p.pid for h in list(self.bed.hosts) for p in self.bed.processes(h, str(out))])
+                          also_kill=lambda: [p.pid for h in list(self.bed.hosts)
+                                             for p in self.bed.processes(h, str(out))])
         self.jobs.append(job)
         return job.start()
 
-    def job_arguments(self, out: Path, horovodrun_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> list[str]:
+    def job_arguments(self, out: Path, horovodrun_args: tuple[str, ...] = (),
+                      worker_args: tuple[str, ...] = ()) -> list[str]:
         """horovodrun's arguments after its discovery and sizes: the bed's network, then the training worker
         (through the host's standby, with ``standby``)."""
         through = [str(HVD_ELASTIC), "exec", "--standby", self.standby, "--"] if self.standby else []
@@ -282,7 +287,8 @@ class ElasticCluster:
     def progress(job: TrainingJob) -> list[dict]:
         return job.progress.rows()
 
-    def wait_steps(self, job: TrainingJob, size: int, steps: int = 1, since: float = 0.0, timeout: float = 180.0) -> dict:
+    def wait_steps(self, job: TrainingJob, size: int, steps: int = 1, since: float = 0.0,
+                   timeout: float = 180.0) -> dict:
         """Wait for ``steps`` committed steps at world ``size`` after wall time ``since``; the first such row."""
         def ready():
             rows = [r for r in self.progress(job) if r["time"] > since and r["size"] == size]

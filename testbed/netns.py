@@ -202,7 +202,8 @@ class NetnsBed:
             f"  IdentityFile {keys / 'id_ed25519'}\n"
             "  IdentitiesOnly yes\n  User root\n  BatchMode yes\n"
             "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-            "  ConnectTimeout 5\n" + ("  ServerAliveInterval 2\n  ServerAliveCountMax 3\n" if self.ssh_keepalive else "")
+            "  ConnectTimeout 5\n"
+            + ("  ServerAliveInterval 2\n  ServerAliveCountMax 3\n" if self.ssh_keepalive else "")
         )
         wrapper_dir = self.workdir / "bin"
         wrapper_dir.mkdir(exist_ok=True)

@@ -53,7 +53,8 @@ def unavailable_reason() -> str | None:
     """Why Slurm cannot run here (None: it can)."""
     missing = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
     if missing:
-        return f"Slurm/munge programs missing: {', '.join(missing)} (scripts/bootstrap.sh installs munge, slurmctld, slurmd, slurm-client)"
+        return (f"Slurm/munge programs missing: {', '.join(missing)} "
+                "(scripts/bootstrap.sh installs munge, slurmctld, slurmd, slurm-client)")
     try:
         pwd.getpwnam("munge")
     except KeyError:
@@ -184,7 +185,8 @@ class SlurmCluster:
         self.munge_socket = self._munge_dir / "munge.socket"
         self._spawn("munged", ["setpriv", f"--reuid={munge.pw_uid}", f"--regid={munge.pw_gid}", "--clear-groups",
                                _exe("munged"), "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
-                               f"--pid-file={self._munge_dir / 'munged.pid'}", f"--seed-file={self._munge_dir / 'seed'}",
+                               f"--pid-file={self._munge_dir / 'munged.pid'}",
+                               f"--seed-file={self._munge_dir / 'seed'}",
                                f"--log-file={self._munge_dir / 'munged.log'}"])
         wait_until("munged's socket", self.munge_socket.exists, 20, 0.1)
 
@@ -223,7 +225,8 @@ class SlurmCluster:
     def start_slurmd(self, host: str) -> None:
         """Start ``host``'s slurmd inside its namespaces (a host added to the bed gets one this way)."""
         (self.workdir / "spool" / host).mkdir(parents=True, exist_ok=True)
-        self._spawn(f"slurmd.{host}", self.elastic.bed.on(host, [_exe("slurmd"), "-D", "-N", host, "-f", str(self.conf)]))
+        self._spawn(f"slurmd.{host}",
+                    self.elastic.bed.on(host, [_exe("slurmd"), "-D", "-N", host, "-f", str(self.conf)]))
 
     def add_host(self) -> str:
         """A new bed host boots with its Consul agent and slurmd; Slurm can then allocate it."""
@@ -240,10 +243,12 @@ class SlurmCluster:
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
 
-    def _run(self, program: str, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def _run(self, program: str, *args: str, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         done = subprocess.run([_exe(program), *args], capture_output=True, text=True, timeout=60, env=self.env(env))
         if check and done.returncode != 0:
-            raise RuntimeError(f"{program} {' '.join(args)} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+            raise RuntimeError(f"{program} {' '.join(args)} failed ({done.returncode}): "
+                               f"{(done.stderr or done.stdout).strip()}")
         return done
 
     def node_state(self, node: str) -> str:
@@ -270,9 +275,11 @@ class SlurmCluster:
         """``worker.sbatch`` on ``host``: its node agent registers it (against the host's own Consul agent)."""
         elastic = self.elastic
         env = elastic.job_env(self.workdir, {"CONSUL_HTTP_ADDR": elastic.consul_addr(host),
-                                             "HVD_ELASTIC_LEAVE_TIMEOUT": f"{leave_timeout:g}", "HVD_ELASTIC_LOG_LEVEL": "INFO",
+                                             "HVD_ELASTIC_LEAVE_TIMEOUT": f"{leave_timeout:g}",
+                                             "HVD_ELASTIC_LOG_LEVEL": "INFO",
                                              "HVD_ELASTIC_BIN": str(VENV_BIN / "hvd-elastic")})
-        return self.sbatch(SCRIPTS / "worker.sbatch", "--cpu-slots", str(elastic.slots), *elastic.node_agent_health_arguments(),
+        return self.sbatch(SCRIPTS / "worker.sbatch", "--cpu-slots", str(elastic.slots),
+                           *elastic.node_agent_health_arguments(),
                            "--probe", "slurm", node=host, name=f"worker-{host}", env=env)
 
     def submit_launcher(self, np: int, min_np: int, max_np: int, *worker_args: str, name: str = "job",

@@ -59,7 +59,8 @@ def test_bad_input_is_one_line_naming_the_value(command):
     # One line, no usage block; report first misses its RUN_DIR, which it names.
     expected = ("the following arguments are required: RUN_DIR" if command == "report"
                 else "unrecognized arguments: --no-such-flag=sixty")
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("hvd-elastic") and out.stderr.endswith(expected + "\n"), out.stderr
+    assert (out.stderr.count("\n") == 1 and out.stderr.startswith("hvd-elastic")
+            and out.stderr.endswith(expected + "\n")), out.stderr
 
 
 def test_a_bad_value_is_one_line_naming_it_and_what_was_expected():
@@ -98,7 +99,8 @@ def test_doctor_fails_when_consul_is_unreachable(tmp_path):
                       env={"CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
     assert out.returncode == 1
     lines = {line.split()[1]: line for line in out.stdout.splitlines()}
-    assert lines["consul"].startswith("FAIL") and "cannot reach Consul at" in lines["consul"] and "fix:" in lines["consul"]
+    assert (lines["consul"].startswith("FAIL") and "cannot reach Consul at" in lines["consul"]
+            and "fix:" in lines["consul"])
     assert lines["horovod"].startswith("ok") and "PyTorch yes, Gloo yes, MPI yes" in lines["horovod"]
     assert lines["torch"].startswith("ok")
     assert "required check(s) failed: consul" in out.stderr
@@ -133,7 +135,8 @@ def test_doctor_passes_against_a_consul_agent(tmp_path):
 
 
 @pytest.mark.parametrize("hosts, bad", [("gpu-a,-oProxyCommand=sh", "-oProxyCommand=sh"), ("gpu-a,b c", "b c"),
-                                        ("gpu-a,,gpu-b", ""), ("root@gpu-a", "root@gpu-a"), ("10.0.0.256", "10.0.0.256")])
+                                        ("gpu-a,,gpu-b", ""), ("root@gpu-a", "root@gpu-a"),
+                                        ("10.0.0.256", "10.0.0.256")])
 def test_doctor_refuses_a_bad_host_name_before_any_ssh(hosts, bad, tmp_path):
     out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), "--hosts", hosts)
     assert (out.returncode, out.stdout) == (2, "")
@@ -163,7 +166,8 @@ def test_doctor_reads_the_marker_on_each_host_over_ssh(tmp_path):
                            "CONSUL_HTTP_ADDR": f"127.0.0.1:{closed_port()}"})
     shared = [line for line in out.stdout.splitlines() if line.split()[1] == "shared"]
     assert shared[0] == f"ok    shared     shared sees {ckpt}"
-    assert shared[1].startswith("FAIL  shared     down: ssh failed (ssh: connect to host down port 22: Connection refused)")
+    assert shared[1].startswith("FAIL  shared     down: ssh failed "
+                                "(ssh: connect to host down port 22: Connection refused)")
     assert len(shared) == 2 and out.returncode == 1
     assert "shared" in out.stderr.split("failed: ")[1]
     assert os.listdir(ckpt) == []  # the marker is gone

@@ -1,4 +1,5 @@
-"""hvd_elastic.envvars: one way to read a boolean or seconds from the environment, and training needs no Consul for it."""
+"""hvd_elastic.envvars: one way to read a boolean or seconds from the environment, and training needs no Consul
+for it."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def test_a_corrupt_package_is_one_line_and_installs_nothing(tool, tmp_path):
     deb.write_bytes(b"not a Debian package")
     dest = tmp_path / "bin" / tool.name
     dest.parent.mkdir()
-    result = fetch(tool, dest, **{f"{tool.env_prefix}_CACHE": str(tmp_path / "cache"), f"{tool.env_prefix}_DEB": str(deb)})
+    result = fetch(tool, dest, **{f"{tool.env_prefix}_CACHE": str(tmp_path / "cache"),
+                                  f"{tool.env_prefix}_DEB": str(deb)})
     assert result.returncode == 1 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "sha256" in lines[0] and tool.sha256_prefix in lines[0], result.stderr

@@ -23,13 +23,15 @@ from testbed import child_env, ports
 
 @pytest.mark.parametrize("text, expected", [
     ("9404", ("127.0.0.1", 9404)), (":9404", ("127.0.0.1", 9404)), ("0.0.0.0:80", ("0.0.0.0", 80)),
-    ("gpu-node-1.example:9404", ("gpu-node-1.example", 9404)), ("[::1]:9404", ("::1", 9404)), ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ("gpu-node-1.example:9404", ("gpu-node-1.example", 9404)), ("[::1]:9404", ("::1", 9404)),
+    ("127.0.0.1:0", ("127.0.0.1", 0)),
 ])
 def test_addresses(text, expected):
     assert parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", "host:", "host:99999", "host:-1", "a b:80", "-host:80", "http://h:80", "[::1:80"])
+@pytest.mark.parametrize("text", ["", "abc", "host:", "host:99999", "host:-1", "a b:80", "-host:80", "http://h:80",
+                                  "[::1:80"])
 def test_bad_addresses_are_one_line_naming_them(text):
     with pytest.raises(MetricsAddressError) as info:
         parse(text, "--metrics-addr")

@@ -32,7 +32,8 @@ def event(t: float, name: str, size: int = 2, **fields) -> dict:
 
 
 def steps(t_from: float, first: int, count: int, size: int, dt: float = 0.5) -> list[dict]:
-    return [{"time": T0 + t_from + i * dt, "step": first + i, "size": size, "epoch": 0, "loss": 2.0 - 0.01 * (first + i)}
+    return [{"time": T0 + t_from + i * dt, "step": first + i, "size": size, "epoch": 0,
+             "loss": 2.0 - 0.01 * (first + i)}
             for i in range(count)]
 
 
@@ -82,7 +83,8 @@ def test_each_change_has_its_cause_recovery_and_rollback(run_dir):
         ("restart", "restart", 1, 2, 4.4, 5, 5.0),  # 27.6 -> 32.0; steps 36-40 redone from the checkpoint at 35
     ]
     # Grey in the picture: gaps over 1 s and 5 median step intervals (2.5 s): all but the drain's
-    assert [(round(a - T0, 1), round(b - T0, 1)) for a, b in timeline.stalls] == [(11.0, 14.5), (19.0, 22.5), (27.0, 32.0)]
+    assert ([(round(a - T0, 1), round(b - T0, 1)) for a, b in timeline.stalls]
+            == [(11.0, 14.5), (19.0, 22.5), (27.0, 32.0)])
     assert timeline.stalled_share == pytest.approx((12.0, 36.3))
     assert timeline.finished and timeline.first_size == 2 and timeline.idle_actions == []
     assert timeline.changes[2].detail == "HorovodInternalError: Timed out waiting 30000ms"
@@ -179,14 +181,16 @@ def test_exactly_once_verdict_appears_when_the_run_keeps_a_ledger(run_dir):
     assert make_report(run_dir).exactly_once.startswith("exactly-once: not checked yet")
     # One step of two samples, both ranks recorded, in rank 0's committed history: the epoch is complete.
     key = [0, 0, 2, 2]
-    write_lines(run_dir / "ledger" / "a.jsonl", [{"key": key, "rank": 0, "idx": [1]}, {"key": key, "rank": 1, "idx": [0]}])
+    write_lines(run_dir / "ledger" / "a.jsonl",
+                [{"key": key, "rank": 0, "idx": [1]}, {"key": key, "rank": 1, "idx": [0]}])
     final = {"size": 2, "checksum": "c", "scheduler": {}, "epochs": 1, "samples": 2}
     write_lines(run_dir / "final-0.json", [dict(final, rank=0, history=[key], digests=[["b", "c"]])])
     write_lines(run_dir / "final-1.json", [dict(final, rank=1, history=None)])
     report = make_report(run_dir)
     assert report.exactly_once_ok is True and report.ok
     # The same sample twice: a duplicate, and one lost.
-    write_lines(run_dir / "ledger" / "a.jsonl", [{"key": key, "rank": 0, "idx": [1]}, {"key": key, "rank": 1, "idx": [1]}])
+    write_lines(run_dir / "ledger" / "a.jsonl",
+                [{"key": key, "rank": 0, "idx": [1]}, {"key": key, "rank": 1, "idx": [1]}])
     report = make_report(run_dir)
     assert report.exactly_once == "exactly-once: FAILED: 1 samples lost and 1 duplicated in completed epochs"
     assert not report.ok

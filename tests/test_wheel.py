@@ -81,8 +81,8 @@ def installed(wheel, tmp_path_factory) -> Path:
     Path(purelib, "project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     # --ignore-installed: Horovod is importable through the .pth already, but its horovodrun must land in this bin.
-    got = run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel, horovod[-1]],
-              timeout=300)
+    got = run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel,
+               horovod[-1]], timeout=300)
     assert got.returncode == 0, got.stderr[-3000:]
     return venv / "bin"
 

@@ -32,7 +32,8 @@ def _segment(value: str) -> str:
 def _object(config: ConsulConfig, path: str, answer) -> dict:
     """``answer`` of ``path``, which Consul documents as a JSON object; ConsulError when it is not."""
     if not isinstance(answer, dict):
-        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not an object", retryable=False)
+        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not an object",
+                          retryable=False)
     return answer
 
 
@@ -49,7 +50,8 @@ def agent_services(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> 
     anonymous requests, is an error (ACLs hide everything), not "no services".
     """
     path = "/v1/agent/services"
-    return _object(config, path, client.check_not_hidden(config, client.get_json(config, path, timeout=timeout), timeout))
+    return _object(config, path,
+                   client.check_not_hidden(config, client.get_json(config, path, timeout=timeout), timeout))
 
 
 def agent_checks(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
@@ -71,7 +73,8 @@ def deregister_service(config: ConsulConfig, service_id: str, timeout: float = D
     client.request(config, f"/v1/agent/service/deregister/{_segment(service_id)}", method="PUT", timeout=timeout)
 
 
-def update_ttl(config: ConsulConfig, check_id: str, status: str, output: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+def update_ttl(config: ConsulConfig, check_id: str, status: str, output: str,
+               timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """``PUT /v1/agent/check/update/:id``: set a TTL check's status and output, restarting its TTL.
 
     Consul answers 500 for a check it does not know as a TTL check, with a
@@ -92,4 +95,5 @@ def set_maintenance(config: ConsulConfig, service_id: str, enable: bool, reason:
                     timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """``PUT /v1/agent/service/maintenance/:id``: maintenance mode on (with ``reason``) or off; idempotent."""
     query = [("enable", "true" if enable else "false")] + ([("reason", reason)] if reason else [])
-    client.request(config, f"/v1/agent/service/maintenance/{_segment(service_id)}", query, method="PUT", timeout=timeout)
+    client.request(config, f"/v1/agent/service/maintenance/{_segment(service_id)}", query, method="PUT",
+                   timeout=timeout)

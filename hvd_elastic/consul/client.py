@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def _request(config: ConsulConfig, method: str, target: str, deadline: float, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+def _request(config: ConsulConfig, method: str, target: str, deadline: float,
+             body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
     headers = {"Accept": "application/json", "User-Agent": "hvd-elastic"}
     if body:
         headers["Content-Type"] = "application/json"
@@ -38,9 +39,11 @@ def _request(config: ConsulConfig, method: str, target: str, deadline: float, bo
         headers["X-Consul-Token"] = config.token
     ssl_context = config.ssl_context()
     try:
-        return transport.request(method, config.host, config.port, target, headers, deadline, ssl_context, config.tls_server_name, body)
+        return transport.request(method, config.host, config.port, target, headers, deadline, ssl_context,
+                                 config.tls_server_name, body)
     except transport.InvalidHeader:
-        raise ConfigError("the Consul ACL token contains control characters (a stray newline in CONSUL_HTTP_TOKEN?)") from None
+        raise ConfigError("the Consul ACL token contains control characters "
+                          "(a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
 
 def _error_text(body: bytes) -> str:
@@ -100,12 +103,14 @@ def request(
             if not exc.retryable:
                 raise exc from None
             if time.monotonic() + backoff >= window_end:
-                raise ConsulError(f"{exc} (gave up after {time.monotonic() - start:.1f} s)", retryable=True, status=exc.status) from None
+                raise ConsulError(f"{exc} (gave up after {time.monotonic() - start:.1f} s)", retryable=True,
+                                  status=exc.status) from None
         time.sleep(backoff)
         backoff = min(backoff * 2, 0.5)
 
 
-def _attempt(config: ConsulConfig, method: str, url: str, deadline: float, payload: bytes) -> tuple[Any, dict[str, str]]:
+def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
+             payload: bytes) -> tuple[Any, dict[str, str]]:
     where = f"Consul at {config.base_url}"
     try:
         status, headers, body = _request(config, method, url, deadline, payload)
@@ -123,14 +128,16 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float, paylo
         raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
     if status == 403:
         raise ConsulError(
-            f"{where} refused access (403 {_error_text(body)}): give a token with the rights needed in CONSUL_HTTP_TOKEN_FILE or --token-file",
+            f"{where} refused access (403 {_error_text(body)}): "
+            "give a token with the rights needed in CONSUL_HTTP_TOKEN_FILE or --token-file",
             retryable=False,
             status=status,
         )
     if headers.get("x-consul-results-filtered-by-acls", "").lower() == "true":
         # Printing what is left would be a partial list.
         raise ConsulError(
-            f"{where} hid some results from this token (X-Consul-Results-Filtered-By-ACLs): give it service:read and node:read",
+            f"{where} hid some results from this token (X-Consul-Results-Filtered-By-ACLs): "
+            "give it service:read and node:read",
             retryable=False,
             status=status,
         )
@@ -143,7 +150,8 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float, paylo
     try:
         return json.loads(body), headers
     except ValueError:
-        raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False, status=status) from None
+        raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False,
+                          status=status) from None
 
 
 def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:
@@ -165,7 +173,8 @@ def check_not_hidden(config: ConsulConfig, answer: Any, timeout: float) -> Any:
     """``answer`` unchanged, unless it is empty only because ACLs hide everything from no token."""
     if not answer and answer is not None and not config.token and anonymous_is_denied(config, timeout):
         raise ConsulError(
-            f"Consul at {config.base_url} enforces ACLs and no token is set: set CONSUL_HTTP_TOKEN_FILE or --token-file to a file holding one",
+            f"Consul at {config.base_url} enforces ACLs and no token is set: "
+            "set CONSUL_HTTP_TOKEN_FILE or --token-file to a file holding one",
             retryable=False,
         )
     return answer

@@ -126,7 +126,8 @@ class ConsulConfig:
             if self.client_cert:
                 ctx.load_cert_chain(self.client_cert, self.client_key)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            raise ConfigError(f"cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): {exc}") from None
+            raise ConfigError("cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): "
+                              f"{exc}") from None
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -139,7 +140,8 @@ def _parse_addr(raw: str) -> tuple[str, str, int]:
     if "://" in text:
         parts = urlsplit(text)
         if parts.scheme not in ("http", "https"):
-            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: scheme {parts.scheme!r} is not supported (expected http or https)")
+            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: scheme {parts.scheme!r} is not supported "
+                              "(expected http or https)")
         scheme = parts.scheme
         host, port = parts.hostname, parts.port
     else:
@@ -150,7 +152,8 @@ def _parse_addr(raw: str) -> tuple[str, str, int]:
         try:
             port = int(port_text) if port_text else None
         except ValueError:
-            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port_text!r} is not a number (expected host:port)") from None
+            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port_text!r} is not a number "
+                              "(expected host:port)") from None
     if not host:
         raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r} has no host (expected host:port or http[s]://host:port)")
     if port is None:

@@ -57,7 +57,8 @@ def request(method: str, host: str, port: int, target: str, headers: dict[str, s
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name + value):
             raise InvalidHeader(f"header {name} contains control characters")
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", "Connection: close",
+             *(f"{k}: {v}" for k, v in headers.items())]
     if method != "GET" or body:
         lines.append(f"Content-Length: {len(body)}")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

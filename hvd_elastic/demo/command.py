@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl", type=positive_float, default=4.0,
                         help="node agents' TTL check, seconds: how soon a silent node drops (default %(default)s)")
     parser.add_argument("--accuracy-tolerance", type=positive_float, default=0.03,
-                        help="largest accepted gap between elastic and uninterrupted test accuracy (default %(default)s)")
+                        help="largest accepted gap between elastic and uninterrupted test accuracy "
+                             "(default %(default)s)")
     parser.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
                         help="start workers from a warm standby (hvd-elastic standby), so a join does not stop the "
                              "survivors for the newcomer's imports; --no-standby starts them directly (default on)")
@@ -162,7 +163,8 @@ def _check_budget(events: list[schedule.Event], args: argparse.Namespace) -> Non
     needed = (len(events) + 2) * args.phase_steps + sum(
         int(takes_effect[e.action] / pace) - (args.checkpoint_every if e.action == "restart" else 0) for e in events)
     if needed > total:
-        raise ValueError(f"--events needs about {needed} steps ({len(events)} events, --phase-steps {args.phase_steps}, "
+        raise ValueError(f"--events needs about {needed} steps ({len(events)} events, "
+                         f"--phase-steps {args.phase_steps}, "
                          f"--step-delay {args.step_delay}), but --epochs {args.epochs} trains {total}; raise --epochs "
                          f"or --step-delay, or lower --phase-steps")
 
@@ -315,7 +317,8 @@ def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str
     # (gracefully, then for sure), then the reference run; Consul last.
     with consul_cluster(consul, [*START_HOSTS, *spares]) as cluster, contextlib.ExitStack() as cleanup:
         console.say(f"Consul: HashiCorp Consul ({CONSUL}), a server agent and a client agent per node"
-                    if consul == "consul" else "Consul: the embedded dev agent (hvd-elastic consul-dev), one node per host")
+                    if consul == "consul"
+                    else "Consul: the embedded dev agent (hvd-elastic consul-dev), one node per host")
         demo = _Run(args, workdir, cluster, console, cleanup)
         reference = cleanup.enter_context(Job(
             [sys.executable, "-m", TRAIN_MODULE, "--out", workdir / "reference", "--epochs", args.epochs,
@@ -355,7 +358,8 @@ def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str
         try:
             reference.finish(args.timeout)
         except JobError as exc:
-            raise DemoFailed(f"the reference run failed: {str(exc).splitlines()[0]}; see {reference.logs[-1]}") from None
+            raise DemoFailed(f"the reference run failed: {str(exc).splitlines()[0]}; "
+                             f"see {reference.logs[-1]}") from None
         console.say("training finished")
 
 

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     sampler = ExactlyOnceSampler(dataset, seed=SAMPLER_SEED)  # no batch_size: the BatchPolicy sets the step
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=ExactlyOnceSampler.collate())
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
-                          batch_policy=BatchPolicy.constant_global(GLOBAL_BATCH), epoch=0, step=0, history=[], digests=[])
+                          batch_policy=BatchPolicy.constant_global(GLOBAL_BATCH), epoch=0, step=0, history=[],
+                          digests=[])
     empty = ([], torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.int64))
 
     @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,

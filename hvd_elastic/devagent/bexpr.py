@@ -57,7 +57,8 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
             break
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise FilterError(f"Failed to create boolean expression evaluator: syntax error at position {pos}: {text[pos:]!r}")
+            raise FilterError("Failed to create boolean expression evaluator: "
+                              f"syntax error at position {pos}: {text[pos:]!r}")
         kind = match.lastgroup
         value = match.group(kind)
         tokens.append((kind, value))

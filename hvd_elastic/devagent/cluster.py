@@ -283,7 +283,8 @@ class DevCluster:
     def _wait_for_leader(self, node: str, deadline: float) -> None:
         host, port = self.addr(node).rsplit(":", 1)
         # Asked the way every client asks (hvd_elastic.consul); the dev certificate is self-signed.
-        config = ConsulConfig(host=host.strip("[]"), port=int(port), scheme="https" if self.tls else "http", verify=False)
+        config = ConsulConfig(host=host.strip("[]"), port=int(port), scheme="https" if self.tls else "http",
+                              verify=False)
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             try:

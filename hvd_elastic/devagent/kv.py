@@ -93,7 +93,8 @@ class KVStore:
         old = self.entries.get(key)
         session = (old.session if old else "") if session is None else session
         lock_index = (old.lock_index if old else 0) if lock_index is None else lock_index
-        if old is not None and (old.value, old.flags, old.session, old.lock_index) == (value, flags, session, lock_index):
+        if (old is not None
+                and (old.value, old.flags, old.session, old.lock_index) == (value, flags, session, lock_index)):
             return  # Consul skips the write (and the index bump) when nothing changes
         idx = self.index.bump("kvs", f"kv:{key}")
         self.entries[key] = Entry(

@@ -92,7 +92,8 @@ def _service(node: str, raw: Any) -> Service:
     args = _decode(raw, "NodeService", NODE_SERVICE_FIELDS)
     _check_enterprise(args)
     if args.get("Kind"):
-        raise _bad(f"Request decode failed: service Kind {args['Kind']!r} is not supported by the hvd-elastic dev agent")
+        raise _bad(f"Request decode failed: service Kind {args['Kind']!r} "
+                   "is not supported by the hvd-elastic dev agent")
     name = args.get("Service", "")
     service_id = args.get("ID") or name
     if service_id and not name:
@@ -174,7 +175,8 @@ def register(catalog: Catalog, agents: set[str], body: Any) -> None:
     raw_checks = args.get("Checks") or []
     if not isinstance(raw_checks, list):
         raise _bad("Request decode failed: json: cannot unmarshal "
-                   f"{type(raw_checks).__name__} into Go struct field RegisterRequest.Checks of type structs.HealthChecks")
+                   f"{type(raw_checks).__name__} into Go struct field RegisterRequest.Checks "
+                   "of type structs.HealthChecks")
     checks = [_check(node, c, services) for c in ([args["Check"]] if args.get("Check") else []) + raw_checks]
 
     # Everything is valid: write (one event-loop step, so no reader sees half of it).

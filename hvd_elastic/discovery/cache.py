@@ -98,7 +98,8 @@ def parse(data: bytes) -> Record:
         fields = [p.decode("utf-8").split(" ") for p in parts[1:HEADER_LINES]]
         (k, key), (w, pid, started), (m, max_age), (a, answered, wall), (i, index) = fields[:5]
         state, body_info = fields[5], fields[6]
-        if (k, w, m, a, i, state[0], body_info[0]) != ("key", "watcher", "max-age", "answered", "index", "state", "body"):
+        if ((k, w, m, a, i, state[0], body_info[0])
+                != ("key", "watcher", "max-age", "answered", "index", "state", "body")):
             raise ValueError("field names")
         rec = Record(key, int(pid), started, float(max_age), float(answered), float(wall), int(index),
                      " ".join(state[2:]) if state[1:2] == ["error"] else "")

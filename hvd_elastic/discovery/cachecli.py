@@ -29,20 +29,38 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's direct path impor
 if TYPE_CHECKING:
     from hvd_elastic.discovery.query import HealthQuery
 
-cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True, "one of auto, on, off")
-job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None, lambda v: len(v) == 2, "PID-START")
+cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True,
+                           "one of auto, on, off")
+job_type = argument_type(lambda text: tuple(text.split("-", 1)) if text.split("-", 1)[0].isdigit() else None,
+                         lambda v: len(v) == 2, "PID-START")
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Add the host cache's flags to ``parser``; returns their actions."""
     group = parser.add_argument_group("host cache (see discovery/README.md)")
     return [
-        group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}", default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"), help="auto: answer from a fresh cache, starting the job's watcher on its first call when horovodrun runs this; on: also under any other parent process (tests, other launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default %(default)s)"),
-        group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"), help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env HVD_ELASTIC_DISCOVERY_CACHE_FILE)"),
-        group.add_argument("--watch", action="store_true", help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)"),
-        group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"), metavar="SECONDS", help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default %(default)s)"),
-        group.add_argument("--metrics-addr", metavar="[HOST]:PORT", default=env("HVD_ELASTIC_DISCOVERY_METRICS_ADDR"), help="with --watch: serve the watcher's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds 127.0.0.1; env HVD_ELASTIC_DISCOVERY_METRICS_ADDR; default off)"),
-        group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"), metavar="SECONDS", help="freshness bound: a cache whose last Consul answer is older is not used (env HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)"),
+        group.add_argument("--cache", type=cache_mode, metavar="{auto,on,off}",
+                           default=env("HVD_ELASTIC_DISCOVERY_CACHE", "auto"),
+                           help="auto: answer from a fresh cache, starting the job's watcher on its first call when "
+                                "horovodrun runs this; on: also under any other parent process (tests, other "
+                                "launchers); off: always query Consul (env HVD_ELASTIC_DISCOVERY_CACHE; default "
+                                "%(default)s)"),
+        group.add_argument("--cache-file", metavar="PATH", default=env("HVD_ELASTIC_DISCOVERY_CACHE_FILE"),
+                           help="read the cache an operator's `discover --watch --cache-file PATH` keeps fresh (env "
+                                "HVD_ELASTIC_DISCOVERY_CACHE_FILE)"),
+        group.add_argument("--watch", action="store_true",
+                           help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)"),
+        group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"),
+                           metavar="SECONDS",
+                           help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default "
+                                "%(default)s)"),
+        group.add_argument("--metrics-addr", metavar="[HOST]:PORT", default=env("HVD_ELASTIC_DISCOVERY_METRICS_ADDR"),
+                           help="with --watch: serve the watcher's Prometheus metrics at http://HOST:PORT/metrics (a "
+                                "bare port binds 127.0.0.1; env HVD_ELASTIC_DISCOVERY_METRICS_ADDR; default off)"),
+        group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"),
+                           metavar="SECONDS",
+                           help="freshness bound: a cache whose last Consul answer is older is not used (env "
+                                "HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)"),
         # Set by ensure_running for the job's own watcher, never by hand.
         group.add_argument("--cache-key", help=argparse.SUPPRESS),
         group.add_argument("--job", type=job_type, help=argparse.SUPPRESS),
@@ -83,7 +101,8 @@ def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Optio
         answered = time.monotonic()
         raw_index = headers.get("x-consul-index", "")
         if not raw_index.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it", retryable=True)
+            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it",
+                              retryable=True)
         return hostlib.evaluate(entries, options), int(raw_index), answered
 
     return fetch
@@ -171,7 +190,8 @@ def run_watch(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return explain_failure("discover", args.service, exc)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644

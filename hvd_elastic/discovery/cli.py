@@ -64,24 +64,48 @@ if TYPE_CHECKING:
     from hvd_elastic.discovery.query import HealthQuery
 
 _NAMINGS = [n.value for n in hostlib.HostNaming]
-host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
+host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True,
+                            f"one of {', '.join(_NAMINGS)}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
     """Discovery's flags on ``parser``; the host cache's too unless ``cache`` is false (``status``)."""
     one_line_errors(parser)
     add_service_argument(parser)
-    parser.add_argument("--tag", action="append", dest="tags", default=None, help="only instances carrying this tag; repeat for several, all must match (env HVD_ELASTIC_TAGS, comma-separated)")
-    parser.add_argument("--filter", default=env("HVD_ELASTIC_FILTER"), help="Consul filter expression, e.g. 'Service.Meta.gpu_model == \"H100\"' (env HVD_ELASTIC_FILTER)")
-    parser.add_argument("--slots-key", default=env("HVD_ELASTIC_SLOTS_KEY", "slots"), help="Service.Meta key holding the slot count (env HVD_ELASTIC_SLOTS_KEY; default %(default)s)")
-    parser.add_argument("--default-slots", type=positive_int, default=env("HVD_ELASTIC_DEFAULT_SLOTS"), help="slots for instances without that Meta key (env HVD_ELASTIC_DEFAULT_SLOTS; default: such instances are dropped with a warning)")
-    parser.add_argument("--max-slots-per-host", type=positive_int, default=env("HVD_ELASTIC_MAX_SLOTS_PER_HOST", str(hostlib.DEFAULT_MAX_SLOTS)), help="largest valid slot count; an instance advertising more is dropped with a warning (env HVD_ELASTIC_MAX_SLOTS_PER_HOST; default %(default)s)")
-    parser.add_argument("--host-name", type=host_naming, metavar="{" + ",".join(_NAMINGS) + "}", default=env("HVD_ELASTIC_HOST_NAME", hostlib.HostNaming.NODE.value), help="what names a host: the Consul node name, the service address (else the node address) or the node address (env HVD_ELASTIC_HOST_NAME; default %(default)s)")
-    parser.add_argument("--exclude", action="append", default=None, metavar="HOST", help="never print this host; repeat for several (env HVD_ELASTIC_EXCLUDE, comma-separated)")
-    parser.add_argument("--timeout", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_TIMEOUT", "0.8"), help="total seconds one call may take (env HVD_ELASTIC_DISCOVERY_TIMEOUT; default %(default)s)")
-    parser.add_argument("--first-call-retry", type=non_negative_float, default=env("HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY", "10"), metavar="SECONDS", help="how long a job's first call keeps retrying an unreachable or leaderless Consul; 0 disables (env HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY; default %(default)s)")
-    parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"), help="let any Consul server answer (?stale), spreading the load off the leader; answers staler than --max-stale fail (env HVD_ELASTIC_STALE; default %(default)s)")
-    parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"), metavar="SECONDS", help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; default %(default)s)")
+    parser.add_argument("--tag", action="append", dest="tags", default=None,
+                        help="only instances carrying this tag; repeat for several, all must match (env "
+                             "HVD_ELASTIC_TAGS, comma-separated)")
+    parser.add_argument("--filter", default=env("HVD_ELASTIC_FILTER"),
+                        help="Consul filter expression, e.g. 'Service.Meta.gpu_model == \"H100\"' (env "
+                             "HVD_ELASTIC_FILTER)")
+    parser.add_argument("--slots-key", default=env("HVD_ELASTIC_SLOTS_KEY", "slots"),
+                        help="Service.Meta key holding the slot count (env HVD_ELASTIC_SLOTS_KEY; default %(default)s)")
+    parser.add_argument("--default-slots", type=positive_int, default=env("HVD_ELASTIC_DEFAULT_SLOTS"),
+                        help="slots for instances without that Meta key (env HVD_ELASTIC_DEFAULT_SLOTS; default: such "
+                             "instances are dropped with a warning)")
+    parser.add_argument("--max-slots-per-host", type=positive_int,
+                        default=env("HVD_ELASTIC_MAX_SLOTS_PER_HOST", str(hostlib.DEFAULT_MAX_SLOTS)),
+                        help="largest valid slot count; an instance advertising more is dropped with a warning (env "
+                             "HVD_ELASTIC_MAX_SLOTS_PER_HOST; default %(default)s)")
+    parser.add_argument("--host-name", type=host_naming, metavar="{" + ",".join(_NAMINGS) + "}",
+                        default=env("HVD_ELASTIC_HOST_NAME", hostlib.HostNaming.NODE.value),
+                        help="what names a host: the Consul node name, the service address (else the node address) or "
+                             "the node address (env HVD_ELASTIC_HOST_NAME; default %(default)s)")
+    parser.add_argument("--exclude", action="append", default=None, metavar="HOST",
+                        help="never print this host; repeat for several (env HVD_ELASTIC_EXCLUDE, comma-separated)")
+    parser.add_argument("--timeout", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_TIMEOUT", "0.8"),
+                        help="total seconds one call may take (env HVD_ELASTIC_DISCOVERY_TIMEOUT; default %(default)s)")
+    parser.add_argument("--first-call-retry", type=non_negative_float,
+                        default=env("HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY", "10"), metavar="SECONDS",
+                        help="how long a job's first call keeps retrying an unreachable or leaderless Consul; 0 "
+                             "disables (env HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY; default %(default)s)")
+    parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"),
+                        help="let any Consul server answer (?stale), spreading the load off the leader; answers staler "
+                             "than --max-stale fail (env HVD_ELASTIC_STALE; default %(default)s)")
+    parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"),
+                        metavar="SECONDS",
+                        help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; "
+                             "default %(default)s)")
     add_consul_arguments(parser)
     if cache:
         cachecli.add_cache_arguments(parser)

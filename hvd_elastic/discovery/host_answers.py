@@ -76,7 +76,8 @@ def answers(sids: list[int]) -> tuple[bool, str]:
             return False, "its ssh client holds no established connection of its own to probe"
         address, port = peer
         greeted = sshd_greets(address, port)
-        return greeted, f"its sshd at {address}:{port} {'greeted' if greeted else f'did not greet within {PROBE_S:.0f} s'}"
+        return greeted, (f"its sshd at {address}:{port} "
+                         f"{'greeted' if greeted else f'did not greet within {PROBE_S:.0f} s'}")
     if _leaves_run(members):
         return True, "its workers on this machine run"
     return False, "its workers on this machine are stopped or gone"

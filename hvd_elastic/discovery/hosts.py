@@ -183,7 +183,8 @@ def _judge(host: str, tags: list, meta: dict, options: Options) -> tuple[Verdict
         shown = "missing" if raw is None else repr(raw)
         return Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {shown}, expected a positive integer", None
     if slots > options.max_slots_per_host:
-        return Verdict.BAD_SLOTS, f"Meta.{options.slots_key} is {slots}, above the maximum of {options.max_slots_per_host} (--max-slots-per-host)", None
+        return Verdict.BAD_SLOTS, (f"Meta.{options.slots_key} is {slots}, above the maximum of "
+                                   f"{options.max_slots_per_host} (--max-slots-per-host)"), None
     return Verdict.ACCEPTED, "", slots
 
 

@@ -123,7 +123,8 @@ class LostHostJudge:
     def failure(self, error: str) -> None:
         with self._cond:
             if not self._consul_down:
-                log.warning("cannot read hosts' health from Consul (%s): no host is judged lost until it answers", error)
+                log.warning("cannot read hosts' health from Consul (%s): no host is judged lost until it answers",
+                            error)
                 self._consul_down = True
             self._failed_since.clear()
             self._seen_healthy.clear()

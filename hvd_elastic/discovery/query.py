@@ -62,11 +62,14 @@ def read_health(
     params = query.params(passing=passing)
     if index > 0:
         params += [("index", str(index)), ("wait", f"{wait:g}s")]
-    entries, headers = client.request(config, query.path, params, timeout=timeout, retry_window=retry_window, retry=retry)
+    entries, headers = client.request(config, query.path, params, timeout=timeout, retry_window=retry_window,
+                                      retry=retry)
     if query.stale:
         contact = headers.get("x-consul-lastcontact", "")
         if not contact.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} gave a ?stale answer without X-Consul-LastContact", retryable=True)
+            raise ConsulError(f"Consul at {config.base_url} gave a ?stale answer without X-Consul-LastContact",
+                              retryable=True)
         if int(contact) > query.max_stale * 1000:
-            raise ConsulError(f"Consul at {config.base_url} answered from a server {int(contact) / 1000:g} s behind its leader (--max-stale {query.max_stale:g})", retryable=True)
+            raise ConsulError(f"Consul at {config.base_url} answered from a server {int(contact) / 1000:g} s "
+                              f"behind its leader (--max-stale {query.max_stale:g})", retryable=True)
     return client.check_not_hidden(config, entries, timeout), headers

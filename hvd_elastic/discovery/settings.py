@@ -38,7 +38,8 @@ def health_query(args: argparse.Namespace, options: hostlib.Options) -> HealthQu
     """The typed health query these flags ask for."""
     from hvd_elastic.discovery.query import HealthQuery  # socket, json: not on the cached path
 
-    return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale, max_stale=args.max_stale)
+    return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale,
+                       max_stale=args.max_stale)
 
 
 FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)

@@ -73,7 +73,8 @@ class _Agent:
 
     def start(self, *extra: str) -> None:
         with open(self.dir / "agent.log", "ab") as log:
-            self.proc = subprocess.Popen([*self.prefix, str(CONSUL), "agent", *extra, "-config-file", str(self.config_file)],
+            self.proc = subprocess.Popen([*self.prefix, str(CONSUL), "agent", *extra,
+                                          "-config-file", str(self.config_file)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
 
@@ -222,7 +223,8 @@ class ConsulCluster:
 
     def _config(self, name: str, *, server: bool) -> dict:
         address = self._addresses[name]
-        listen = {"dns": -1, "grpc": -1, "serf_lan": self._server_serf if server else ports.reserve()[0], "http": -1, "https": -1}
+        listen = {"dns": -1, "grpc": -1, "serf_lan": self._server_serf if server else ports.reserve()[0],
+                  "http": -1, "https": -1}
         if server:  # a client agent dials the server port it learns by gossip (setting it to -1 crashes 1.8.7)
             listen["serf_wan"], listen["server"] = ports.reserve(2)
         listen["https" if self.tls else "http"] = self._ports[name]
@@ -251,8 +253,8 @@ class ConsulCluster:
                        body={"SecretID": secret, "Policies": [{"Name": "restricted-reader"}]})
 
     def _client_config(self, node: str) -> ConsulConfig:
-        return ConsulConfig(host=self._addresses[node], port=self._ports[node], scheme="https" if self.tls else "http", verify=False,
-                            token=self.acl_token)
+        return ConsulConfig(host=self._addresses[node], port=self._ports[node], scheme="https" if self.tls else "http",
+                            verify=False, token=self.acl_token)
 
     def _serf_health(self, node: str) -> str | None:
         """The server's verdict on ``node``'s agent (``serfHealth`` status), None when unknown."""

@@ -47,7 +47,8 @@ class Exporter:
             host, port = parse(spec, source)
             self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except (MetricsAddressError, OSError) as exc:
-            reason = str(exc) if isinstance(exc, MetricsAddressError) else f"cannot listen on {spec}: {exc.strerror or exc}"
+            reason = (str(exc) if isinstance(exc, MetricsAddressError)
+                      else f"cannot listen on {spec}: {exc.strerror or exc}")
             if reason not in self._failed:
                 self._failed.add(reason)
                 log.error("%s metrics are off: %s", self.what, reason)

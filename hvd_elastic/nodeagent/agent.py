@@ -122,7 +122,8 @@ class NodeAgent:
         self.registered = True
         self.metrics.registered.set(1)
         self.metrics.registrations.inc()
-        log.info("registered service %r (id %r, slots %s) in %s", reg.service, reg.service_id, reg.meta.get("slots"), self.config.base_url)
+        log.info("registered service %r (id %r, slots %s) in %s", reg.service, reg.service_id, reg.meta.get("slots"),
+                 self.config.base_url)
 
     def report(self, result: ProbeResult) -> bool:
         """Send one TTL update; False when Consul does not know the check any more."""
@@ -161,7 +162,8 @@ class NodeAgent:
             return []  # discovery still lists the node: waiting would only delay the stop
         log.info("drained service id %r; waiting up to %gs for the job to leave", reg.service_id, self.leave_timeout)
         started = time.monotonic()
-        remaining = wait_for_leave(self.leave_timeout, on_wait=lambda pids: log.info("Horovod workers here: pids %s", pids))
+        remaining = wait_for_leave(self.leave_timeout,
+                                   on_wait=lambda pids: log.info("Horovod workers here: pids %s", pids))
         if remaining:
             log.warning("Horovod workers still running after %gs: pids %s", self.leave_timeout, remaining)
         else:
@@ -178,7 +180,8 @@ class NodeAgent:
             self.config = self.config.with_fresh_token()  # a rotated token file is followed, not outlived
             if not self.registered or not self.report(result):
                 if self.registered:
-                    log.warning("Consul lost check %r (agent restarted?); registering again", self.registration.check_id)
+                    log.warning("Consul lost check %r (agent restarted?); registering again",
+                                self.registration.check_id)
                 self.register(result)
                 self.report(result)
             if self.watch_maintenance:

@@ -64,29 +64,52 @@ def deregister_after(text: str) -> str:
 def meta_item(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not _META_KEY.match(key) or len(value) > 512:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (key: letters, digits, _ or -; value up to 512 characters)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE "
+                                         "(key: letters, digits, _ or -; value up to 512 characters)")
     return key, value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_service_argument(parser)
-    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="service instance ID, unique on this agent (env HVD_ELASTIC_SERVICE_ID; default the service name, <service>-slurm-<SLURM_JOB_ID> in a Slurm job)")
-    parser.add_argument("--address", default=env("HVD_ELASTIC_ADDRESS"), help="service address (env HVD_ELASTIC_ADDRESS; default empty: Consul uses the node's address)")
+    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"),
+                        help="service instance ID, unique on this agent (env HVD_ELASTIC_SERVICE_ID; default the "
+                             "service name, <service>-slurm-<SLURM_JOB_ID> in a Slurm job)")
+    parser.add_argument("--address", default=env("HVD_ELASTIC_ADDRESS"),
+                        help="service address (env HVD_ELASTIC_ADDRESS; default empty: Consul uses the node's address)")
     parser.add_argument("--port", type=positive_int, default=None, help="service port to advertise (optional)")
-    parser.add_argument("--tag", action="append", dest="tags", default=None, help="service tag; repeat for several (env HVD_ELASTIC_TAGS, comma-separated)")
-    parser.add_argument("--meta", action="append", type=meta_item, default=[], metavar="KEY=VALUE", help="extra Service.Meta entry; repeat for several")
-    parser.add_argument("--slots", type=positive_int, default=env("HVD_ELASTIC_SLOTS"), help="slots to advertise (env HVD_ELASTIC_SLOTS; default the Slurm job's GPUs on this node, else the GPUs detected, else --cpu-slots)")
-    parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"), help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
-    parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"), help="TTL of the health check in seconds: a node silent this long turns critical (env HVD_ELASTIC_TTL; default %(default)s)")
-    parser.add_argument("--interval", type=positive_float, default=None, help="seconds between probes and TTL updates (default a third of --ttl)")
-    parser.add_argument("--deregister-after", type=deregister_after, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"), help="Consul removes the service after it stayed critical this long (min 1m; default %(default)s)")
-    parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY", help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; default gpus,memory,disk, and slurm in a Slurm job)")
-    parser.add_argument("--min-free-memory", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_MEMORY", "1G"), help="memory probe threshold (env HVD_ELASTIC_MIN_FREE_MEMORY; default %(default)s)")
-    parser.add_argument("--min-free-disk", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_DISK", "1G"), help="disk probe threshold on --checkpoint-path (env HVD_ELASTIC_MIN_FREE_DISK; default %(default)s)")
-    parser.add_argument("--checkpoint-path", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."), help="where checkpoints are written; the disk probe watches it (env HVD_ELASTIC_CHECKPOINT_DIR; default the working directory)")
-    parser.add_argument("--leave-timeout", type=non_negative_float, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"), metavar="SECONDS",
-                        help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it before deregistering "
-                             "(env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at once); keep it below the time to SIGKILL")
+    parser.add_argument("--tag", action="append", dest="tags", default=None,
+                        help="service tag; repeat for several (env HVD_ELASTIC_TAGS, comma-separated)")
+    parser.add_argument("--meta", action="append", type=meta_item, default=[], metavar="KEY=VALUE",
+                        help="extra Service.Meta entry; repeat for several")
+    parser.add_argument("--slots", type=positive_int, default=env("HVD_ELASTIC_SLOTS"),
+                        help="slots to advertise (env HVD_ELASTIC_SLOTS; default the Slurm job's GPUs on this node, "
+                             "else the GPUs detected, else --cpu-slots)")
+    parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"),
+                        help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
+    parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"),
+                        help="TTL of the health check in seconds: a node silent this long turns critical (env "
+                             "HVD_ELASTIC_TTL; default %(default)s)")
+    parser.add_argument("--interval", type=positive_float, default=None,
+                        help="seconds between probes and TTL updates (default a third of --ttl)")
+    parser.add_argument("--deregister-after", type=deregister_after, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"),
+                        help="Consul removes the service after it stayed critical this long (min 1m; default "
+                             "%(default)s)")
+    parser.add_argument("--probe", action="append", dest="probes", default=None, metavar="NAME|MODULE:FACTORY",
+                        help="health probe to run; repeat for several (env HVD_ELASTIC_PROBES, comma-separated; "
+                             "default gpus,memory,disk, and slurm in a Slurm job)")
+    parser.add_argument("--min-free-memory", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_MEMORY", "1G"),
+                        help="memory probe threshold (env HVD_ELASTIC_MIN_FREE_MEMORY; default %(default)s)")
+    parser.add_argument("--min-free-disk", type=byte_size, default=env("HVD_ELASTIC_MIN_FREE_DISK", "1G"),
+                        help="disk probe threshold on --checkpoint-path (env HVD_ELASTIC_MIN_FREE_DISK; default "
+                             "%(default)s)")
+    parser.add_argument("--checkpoint-path", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."),
+                        help="where checkpoints are written; the disk probe watches it (env "
+                             "HVD_ELASTIC_CHECKPOINT_DIR; default the working directory)")
+    parser.add_argument("--leave-timeout", type=non_negative_float, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"),
+                        metavar="SECONDS",
+                        help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it "
+                             "before deregistering (env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at "
+                             "once); keep it below the time to SIGKILL")
     parser.add_argument("--standby", type=standby_name, default=env("HVD_ELASTIC_STANDBY"), metavar="NAME",
                         help="announce this node only once the job's warm standby NAME answers (hvd-elastic standby; "
                              "env HVD_ELASTIC_STANDBY; default: announce at once)")
@@ -185,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ConfigError included: bad flags, environment or TLS files
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
-    action = "draining, waiting for the job to leave, deregistering" if args.leave_timeout else "deregistering and exiting"
+    action = ("draining, waiting for the job to leave, deregistering" if args.leave_timeout
+              else "deregistering and exiting")
     try:
         with stop_on_signals(log, action) as stop:
             agent.run(stop)

@@ -48,11 +48,15 @@ STILL_RUNNING = 3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_service_argument(parser)
-    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"), help="only this instance (env HVD_ELASTIC_SERVICE_ID; default every instance of --service on this agent)")
+    parser.add_argument("--service-id", default=env("HVD_ELASTIC_SERVICE_ID"),
+                        help="only this instance (env HVD_ELASTIC_SERVICE_ID; default every instance of --service on "
+                             "this agent)")
     if not parser.prog.endswith("undrain"):
-        parser.add_argument("--reason", help="why, shown by `hvd-elastic status` and Consul (default: who drained it and when)")
+        parser.add_argument("--reason",
+                            help="why, shown by `hvd-elastic status` and Consul (default: who drained it and when)")
         parser.add_argument("--wait", type=non_negative_float, default=0.0, metavar="SECONDS",
-                            help="then wait up to SECONDS until no Horovod worker runs on this node (exit 3 if some still do; default 0: do not wait)")
+                            help="then wait up to SECONDS until no Horovod worker runs on this node "
+                                 "(exit 3 if some still do; default 0: do not wait)")
     add_consul_arguments(parser)
 
 
@@ -68,17 +72,20 @@ class NotRegistered(LookupError):
     """The service (or service ID) to drain is not registered on this agent."""
 
 
-def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, enable: bool, reason: str | None) -> list[str]:
+def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, enable: bool,
+                    reason: str | None) -> list[str]:
     """Maintenance on (``enable``) or off for ``service_id``, or every instance of ``service`` on this agent.
 
     Returns the service IDs changed.  Raises NotRegistered, ConsulError or ConfigError.
     """
     services = api.agent_services(config)
-    instances = sorted(sid for sid, info in services.items() if isinstance(info, dict) and info.get("Service") == service)
+    instances = sorted(sid for sid, info in services.items()
+                       if isinstance(info, dict) and info.get("Service") == service)
     targets = [service_id] if service_id else instances
     missing = [sid for sid in targets if sid not in instances]
     if not targets or missing:
-        what = f"service id {missing[0]!r} of service {service!r} is not" if missing else f"no instance of service {service!r} is"
+        what = (f"service id {missing[0]!r} of service {service!r} is not" if missing
+                else f"no instance of service {service!r} is")
         raise NotRegistered(f"{what} registered on the Consul agent at {config.base_url}")
     for sid in targets:
         api.set_maintenance(config, sid, enable, reason)
@@ -98,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{sid}: {state}")
     if enable and args.wait > 0:
         remaining = wait_for_leave(args.wait, on_wait=lambda pids: print(
-            f"waiting up to {args.wait:g}s for {len(pids)} Horovod worker(s) to leave: pids {' '.join(map(str, pids))}", flush=True))
+            f"waiting up to {args.wait:g}s for {len(pids)} Horovod worker(s) to leave: "
+            f"pids {' '.join(map(str, pids))}", flush=True))
         if remaining:
             print(f"drain: {len(remaining)} Horovod worker(s) still running after {args.wait:g}s: pids "
                   f"{' '.join(map(str, remaining))}", file=sys.stderr)

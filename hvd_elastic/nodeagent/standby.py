@@ -59,7 +59,8 @@ class StandbyProbe(Probe):
             return ProbeResult(PASSING, f"standby {self.standby} {why}: workers start directly")
         waited = time.monotonic() - self.started
         if waited < self.wait:
-            return ProbeResult(CRITICAL, f"standby {self.standby} not ready yet ({why}; {waited:.0f} of {self.wait:g} s)")
+            return ProbeResult(CRITICAL,
+                               f"standby {self.standby} not ready yet ({why}; {waited:.0f} of {self.wait:g} s)")
         log.warning("standby %r still %s after %g s: announcing this node, its workers start directly",
                     self.standby, why, self.wait)
         self.gate_open = True

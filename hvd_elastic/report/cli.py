@@ -92,7 +92,8 @@ def _summary(timeline: Timeline) -> str:
              + (f", loss {last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "")) if last else ""
     longest = f", longest recovery {max(recoveries):.1f} s" if recoveries else ""
     plural = "" if len(changes) == 1 else "s"
-    summary = f"{len(changes)} membership change{plural}{longest}, {rolled} committed steps rolled back in all; training {state}{where}"
+    summary = (f"{len(changes)} membership change{plural}{longest}, {rolled} committed steps rolled back in all; "
+               f"training {state}{where}")
     share = timeline.stalled_share
     if share and share[1] > 0:
         summary += (f"\nno step committed for {share[0]:.1f} s of the {share[1]:.1f} s from the first committed step "

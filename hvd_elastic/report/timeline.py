@@ -162,7 +162,8 @@ def _rolled_back(steps: list[dict], boundary: float, resumed_at: float) -> int |
 def format_table(timeline: Timeline) -> str:
     """The timeline as a fixed-width text table, one row per change (relative times in seconds)."""
     t0 = timeline.start or 0.0
-    lines = [f"{'t (s)':>7}  {'cause':<26} {'change':<9} {'size':<7} {'recovery':>8} {'pause':>7} {'rolled back':>11}  detail"]
+    lines = [f"{'t (s)':>7}  {'cause':<26} {'change':<9} {'size':<7} {'recovery':>8} {'pause':>7} "
+             f"{'rolled back':>11}  detail"]
     if timeline.first_size is not None:
         lines.append(f"{0.0:>7.1f}  {'-':<26} {'launch':<9} {'- -> ' + str(timeline.first_size):<7} "
                      f"{'-':>8} {'-':>7} {'-':>11}")

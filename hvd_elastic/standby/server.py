@@ -230,7 +230,8 @@ class Standby:
             child.become_worker(request, fds)
             return request, fds
         try:
-            os.setpgid(pid, pid)  # also done in the child: whichever runs first, the group exists before the pid is sent
+            # also done in the child: whichever runs first, the group exists before the pid is sent
+            os.setpgid(pid, pid)
         except (PermissionError, ProcessLookupError):
             pass  # the child already exec'd or exited: its own setpgid ran
         launcher.pid = pid
@@ -260,7 +261,8 @@ class Standby:
         self._selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(launcher.pid, 0)
-        outcome = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.waitstatus_to_exitcode(status)}
+        outcome = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
+                   else {"exit": os.waitstatus_to_exitcode(status)})
         log.info("standby %r: worker %d ended (%s)", self.name, launcher.pid, outcome)
         if launcher.sock.fileno() in self._launchers:
             _send_quietly(launcher.sock, outcome)
@@ -388,13 +390,15 @@ def _modules(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", type=standby_name, default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
-                        help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; default %(default)s)")
+                        help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; "
+                             "default %(default)s)")
     parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD", "")),
                         metavar="MOD[,MOD...]",
                         help="the job's heavy modules to import ahead, beside torch, torch._dynamo and horovod.torch "
                              "(env HVD_ELASTIC_STANDBY_PRELOAD)")
     parser.epilog = (f"The socket is {protocol.DIR_ENV}, else $XDG_RUNTIME_DIR/hvd-elastic, else /tmp/hvd-elastic-UID, "
-                     "/standby-NAME.sock.  Workers start through it with: horovodrun ... hvd-elastic exec -- python train.py")
+                     "/standby-NAME.sock.  Workers start through it with: "
+                     "horovodrun ... hvd-elastic exec -- python train.py")
 
 
 def run(args: argparse.Namespace) -> int:

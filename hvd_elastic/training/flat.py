@@ -196,7 +196,8 @@ def broadcast_buffer(
             hvd.synchronize(handle)
     else:
         handles = [
-            hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}") for i, bucket in enumerate(buckets)
+            hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}")
+            for i, bucket in enumerate(buckets)
         ]
         for bucket, handle in zip(buckets, handles):
             hvd.synchronize(handle)

@@ -98,7 +98,8 @@ def test_consul_dev_flags_define_the_restricted_token(tmp_path):
     admin.write_text(ADMIN)
     reader.write_text(READER)
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "hvd_elastic.cli", "consul-dev", "--http-port", "0", "--nodes", "gpu-a,cpu-b",
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_elastic.cli", "consul-dev", "--http-port", "0",
+                             "--nodes", "gpu-a,cpu-b",
                              "--acl-token-file", str(admin), "--acl-restricted-token-file", str(reader),
                              "--acl-restricted-node-prefix", "gpu-", "--acl-restricted-service-prefix", "",
                              "--ready-file", str(ready)],

@@ -61,7 +61,8 @@ def test_status_comes_from_the_registration_and_passing_follows(raw):
     body["Check"]["CheckID"] = "ext-st-second"
     assert put(raw, "/v1/catalog/register", body)[0] == 200
     (row,), _ = raw.json("GET", "/v1/health/service/ext-st")
-    assert {c["CheckID"]: c["Status"] for c in row["Checks"]} == {"ext-st-alive": "critical", "ext-st-second": "critical"}
+    assert ({c["CheckID"]: c["Status"] for c in row["Checks"]}
+            == {"ext-st-alive": "critical", "ext-st-second": "critical"})
 
 
 def test_a_blocking_query_wakes_on_a_catalog_registration(raw):

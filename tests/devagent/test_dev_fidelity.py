@@ -65,9 +65,9 @@ def test_filter_on_catalog_services_selects_by_instance(raw):
     assert names == {"fid-cs": ["gpu"]}
 
 
-@pytest.mark.parametrize("path", ["/v1/catalog/services", "/v1/health/node/gpu-a", "/v1/health/checks/fid", "/v1/health/state/any",
-                                  "/v1/catalog/nodes", "/v1/catalog/service/fid", "/v1/agent/services",
-                                  "/v1/agent/checks"])
+@pytest.mark.parametrize("path", ["/v1/catalog/services", "/v1/health/node/gpu-a", "/v1/health/checks/fid",
+                                  "/v1/health/state/any", "/v1/catalog/nodes", "/v1/catalog/service/fid",
+                                  "/v1/agent/services", "/v1/agent/checks"])
 def test_a_bad_filter_is_400_at_once_even_on_a_blocking_query(raw, path):
     # index=far ahead and a long wait: a handler that validated late would hang here until the wait ends.
     status, _, body = raw.request("GET", f"{path}?index=999999999&wait=5m&{q('Nope == 1')}", timeout=20)

@@ -67,7 +67,8 @@ def test_kv_cas_race_between_two_clients(cluster):
                 wins[0] += 1
 
     wins_a, wins_b = [0], [0]
-    threads = [threading.Thread(target=increment, args=(a, wins_a)), threading.Thread(target=increment, args=(b, wins_b))]
+    threads = [threading.Thread(target=increment, args=(a, wins_a)),
+               threading.Thread(target=increment, args=(b, wins_b))]
     for t in threads:
         t.start()
     for t in threads:

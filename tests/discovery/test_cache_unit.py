@@ -92,22 +92,26 @@ def test_keys_mask_tokens_and_cover_flags_and_environment():
 
 
 def test_a_watcher_gets_no_token_on_its_command_line():
-    argv = ["--token", "s3cret", "--tag", "x", "--token-file=/t", "--toke", "s3cret", "--token-file", "/u", "--filter", "y"]
+    argv = ["--token", "s3cret", "--tag", "x", "--token-file=/t", "--toke", "s3cret", "--token-file", "/u",
+            "--filter", "y"]
     assert cachekey.without_token_flags(argv) == ["--tag", "x", "--filter", "y"]
 
 
-@pytest.mark.parametrize("previous,answered,expected", [(0, 7, 7), (7, 7, 7), (7, 9, 9), (9, 3, 0), (0, 0, 1), (5, 0, 0)])
+@pytest.mark.parametrize("previous,answered,expected",
+                         [(0, 7, 7), (7, 7, 7), (7, 9, 9), (9, 3, 0), (0, 0, 1), (5, 0, 0)])
 def test_index_rules(previous, answered, expected):
     assert watch.next_index(previous, answered) == expected
 
 
 def entry(node: str) -> dict:
-    return {"Node": {"Node": node, "Address": "10.0.0.1"}, "Service": {"ID": node, "Meta": {"slots": "1"}}, "Checks": []}
+    return {"Node": {"Node": node, "Address": "10.0.0.1"}, "Service": {"ID": node, "Meta": {"slots": "1"}},
+            "Checks": []}
 
 
 def test_follow_blocks_on_each_index_resets_after_failures_and_backwards_indexes(tmp_path):
     """The loop's requests and the file it leaves, against a scripted Consul."""
-    script = [(["a"], 5), (["a"], 5), (["a", "b"], 9), ConsulError("unreachable", retryable=True), (["b"], 4), (["b"], 2)]
+    script = [(["a"], 5), (["a"], 5), (["a", "b"], 9), ConsulError("unreachable", retryable=True),
+              (["b"], 4), (["b"], 2)]
     asked: list[int] = []
     stop = threading.Event()
     publisher = watch.Publisher(str(tmp_path / "hosts"), "k", 60.0, 0o600)
@@ -154,7 +158,8 @@ def test_the_warm_path_imports_no_heavy_module():
     from testbed import REPO
 
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import hvd_elastic.discovery.fast; "
-             "print(' '.join(sorted(m for m in ('typing', 'argparse', 'json', 'logging', 're', 'socket', 'dataclasses') "
+             "print(' '.join(sorted(m for m in "
+             "('typing', 'argparse', 'json', 'logging', 're', 'socket', 'dataclasses') "
              "if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO)], capture_output=True, text=True,
                          timeout=60, check=True)

@@ -134,7 +134,8 @@ def test_a_stale_cache_is_never_trusted(cluster, state, jobs):
         assert (stale.returncode, stale.stdout) == (0, "localhost:4\n")  # the direct answer, not the frozen list
     finally:
         os.kill(rec.pid, signal.SIGCONT)
-    thawed = wait_until("the thawed watcher's answer", lambda: (r := fresh_record(state)) and r.hosts == b"localhost:4\n", WAIT)
+    thawed = wait_until("the thawed watcher's answer",
+                        lambda: (r := fresh_record(state)) and r.hosts == b"localhost:4\n", WAIT)
     assert thawed and job.discover(*args).stdout == "localhost:4\n"
 
 
@@ -227,7 +228,8 @@ def test_an_operator_watch_serves_discovery_with_the_same_settings_only(cluster,
     with CountingProxy(local) as proxy:
         env = clean_env(state, CONSUL_HTTP_ADDR=proxy.addr)
         watcher = subprocess.Popen([str(HVD_ELASTIC), "discover", "--watch", "--cache-file", str(cache_file)],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
         try:
             wait_until("the operator's cache", lambda: (r := read_record(cache_file)) and not r.error, WAIT)
             assert cache_file.stat().st_mode & 0o777 == 0o644  # readable by the users whose jobs read it
@@ -266,10 +268,12 @@ def test_stale_reads_are_bounded_by_last_contact(cluster, state, jobs):
     cluster.set_stale_lag(9000)  # the follower fell 9 s behind its leader
     register(other, slots="2")  # a change wakes the watcher, whose answer is now too stale
     path = cache_files(state)[0]
-    wait_until("the watcher to refuse the stale answer", lambda: "behind its leader" in (read_record(path).error or ""), WAIT)
+    wait_until("the watcher to refuse the stale answer",
+               lambda: "behind its leader" in (read_record(path).error or ""), WAIT)
     assert_one_line_failure(job.discover("--stale", "--max-stale", "2"), "9 s behind its leader")
     cluster.set_stale_lag(0)
-    wait_until("the watcher to recover", lambda: (r := fresh_record(state)) and r.hosts == b"127.0.0.1:2\nlocalhost:4\n", WAIT)
+    wait_until("the watcher to recover",
+               lambda: (r := fresh_record(state)) and r.hosts == b"127.0.0.1:2\nlocalhost:4\n", WAIT)
 
 
 def test_tokens_never_reach_cache_files_logs_or_command_lines(tmp_path, state, jobs, consul_kind):
@@ -300,7 +304,8 @@ def test_the_operator_watcher_serves_its_metrics(cluster, state, tmp_path, jobs)
     env = clean_env(state, CONSUL_HTTP_ADDR=local)
     watcher = subprocess.Popen([str(HVD_ELASTIC), "discover", "--watch", "--cache-file", str(cache_file),
                                 "--metrics-addr", f"127.0.0.1:{port}"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
 
     def scrape() -> tuple[bytes, dict[str, float]]:
         import urllib.request

@@ -31,7 +31,8 @@ def test_cached_rows_equal_the_full_encoding_and_follow_changes():
         assert fast == full and len(fast) == 300
 
         consul_request(cluster.addr("b"), "PUT", "/v1/agent/check/fail/service:s7?note=down")
-        consul_request(cluster.addr("a"), "PUT", "/v1/agent/check/update/service:s8", {"Status": "passing", "Output": "new output"})
+        consul_request(cluster.addr("a"), "PUT", "/v1/agent/check/update/service:s8",
+                       {"Status": "passing", "Output": "new output"})
         consul_request(cluster.addr("b"), "PUT", "/v1/agent/service/deregister/s9")
         after, _ = health(cluster.addr("a"), "passing=1")
         assert {r["Service"]["ID"] for r in fast} - {r["Service"]["ID"] for r in after} == {"s7", "s9"}

@@ -13,7 +13,8 @@ import subprocess
 import threading
 
 import pytest
-from consul_testing import RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery, self_signed_cert
+from consul_testing import (RawServer, ScriptedServer, clean_env, consul_request, register, run_discovery,
+                            self_signed_cert)
 
 from hvd_elastic.local.realconsul import consul_cluster
 from testbed.consul import refused_address
@@ -105,7 +106,8 @@ def test_unreachable_consul_fails_fast_with_one_line(tmp_path):
 
 
 def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
-    hosts = json.dumps([{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]).encode()
+    hosts = json.dumps([{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}},
+                         "Checks": []}]).encode()
 
     def respond(call):  # requests 1-2: no leader yet; 3: healthy; 4 on: no leader again
         return (200, hosts) if call.number == 3 else (500, b"No cluster leader")
@@ -123,7 +125,8 @@ def test_first_call_retries_a_leaderless_consul_later_calls_do_not(tmp_path):
 
 
 def test_a_first_call_waits_for_one_slow_answer_a_later_call_does_not(tmp_path):
-    hosts = b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]'
+    hosts = (b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, '
+             b'"Service": {"ID": "h", "Meta": {"slots": "1"}}, "Checks": []}]')
     slow = threading.Event()
 
     def respond(call):  # every answer comes 1.5 s late (a large service on a loaded Consul)
@@ -151,7 +154,8 @@ def test_acl_token_is_required_and_the_flag_wins(tmp_path, consul_kind):
         token_file.write_text("s3cret\n")
         assert run_discovery(dict(env, CONSUL_HTTP_TOKEN_FILE=str(token_file))).stdout == "localhost:2\n"
         # A rejected token is never echoed, from the environment or from the flag.
-        for result in (run_discovery(dict(env, CONSUL_HTTP_TOKEN="wr0ng-t0ken")), run_discovery(env, "--token", "wr0ng-t0ken")):
+        for result in (run_discovery(dict(env, CONSUL_HTTP_TOKEN="wr0ng-t0ken")),
+                       run_discovery(env, "--token", "wr0ng-t0ken")):
             assert result.returncode == 1 and "403" in result.stderr
             assert "wr0ng-t0ken" not in result.stderr + result.stdout
 
@@ -224,12 +228,14 @@ def test_tls_with_ca_file(tmp_path, consul_kind):
         import ssl
         import urllib.request
 
-        request = urllib.request.Request(f"https://{addr}/v1/agent/service/register", data=json.dumps(register_tls).encode(), method="PUT")
+        request = urllib.request.Request(f"https://{addr}/v1/agent/service/register",
+                                         data=json.dumps(register_tls).encode(), method="PUT")
         urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(cert)), timeout=10).read()
         assert run_discovery(env, "--ca-file", str(cert)).stdout == "localhost:1\n"
 
 
-HOSTS_JSON = b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, "Service": {"ID": "h", "Meta": {"slots": "2"}}, "Checks": []}]'
+HOSTS_JSON = (b'[{"Node": {"Node": "n1", "Address": "10.0.0.1"}, '
+              b'"Service": {"ID": "h", "Meta": {"slots": "2"}}, "Checks": []}]')
 
 
 def _chunked(body: bytes) -> bytes:
@@ -239,18 +245,21 @@ def _chunked(body: bytes) -> bytes:
 @pytest.mark.parametrize(
     "answer,keep_open",
     [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(HOSTS_JSON), HOSTS_JSON), True),  # stops at Content-Length
+        # stops at Content-Length
+        (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(HOSTS_JSON), HOSTS_JSON), True),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON), False),
         # stops at the last chunk: found through a proxy in front of real Consul, which chunks answers over 2 KiB
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON), True),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON)[:-2] + b"X-T: 1\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(HOSTS_JSON)[:-2] + b"X-T: 1\r\n\r\n",
+         True),
         (b"HTTP/1.0 200 OK\r\n\r\n" + HOSTS_JSON, False),  # delimited by the end of the connection
     ],
 )
 def test_transport_body_framings(tmp_path, answer, keep_open):
     with RawServer(answer, keep_open=keep_open) as server:
         # The server keeps the connection open 10 s: the call must not wait for it to close.
-        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--timeout", "5", "--first-call-retry", "0")
+        result = run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--timeout", "5",
+                               "--first-call-retry", "0")
     assert (result.returncode, result.stdout, result.stderr) == (0, "n1:2\n", "")
 
 
@@ -265,7 +274,8 @@ def test_transport_body_framings(tmp_path, answer, keep_open):
 )
 def test_transport_bad_answers_print_nothing(tmp_path, answer, needle):
     with RawServer(answer) as server:
-        assert_failed(run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--first-call-retry", "0"), 1, needle)
+        assert_failed(run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=server.addr), "--first-call-retry", "0"), 1,
+                      needle)
 
 
 def test_a_token_with_a_newline_is_bad_input_not_a_header_injection(tmp_path):

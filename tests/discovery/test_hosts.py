@@ -22,7 +22,8 @@ def entry(node="n1", slots="2", *, address="10.0.0.1", service_address="", check
     meta = {"slots": slots} if meta is None and slots is not None else (meta or {})
     return {
         "Node": {"Node": node, "Address": address},
-        "Service": {"ID": sid or f"horovod-{node}", "Service": "horovod", "Address": service_address, "Meta": meta, "Tags": tags or []},
+        "Service": {"ID": sid or f"horovod-{node}", "Service": "horovod", "Address": service_address, "Meta": meta,
+                    "Tags": tags or []},
         "Checks": checks if checks is not None else [
             {"CheckID": "serfHealth", "Status": "passing"},
             {"CheckID": f"service:horovod-{node}", "Status": "passing"},
@@ -30,7 +31,8 @@ def entry(node="n1", slots="2", *, address="10.0.0.1", service_address="", check
     }
 
 
-@pytest.mark.parametrize("name", ["node1", "gpu-07.rack3.example.com", "localhost", "127.0.0.1", "10.1.2.255", "a", "A1-b2", "x" * 63, ".".join(["a" * 63] * 3) + ".abc"])
+@pytest.mark.parametrize("name", ["node1", "gpu-07.rack3.example.com", "localhost", "127.0.0.1", "10.1.2.255", "a",
+                                  "A1-b2", "x" * 63, ".".join(["a" * 63] * 3) + ".abc"])
 def test_valid_hosts(name):
     assert is_valid_host(name)
 
@@ -47,7 +49,9 @@ def test_invalid_hosts(name):
     assert not is_valid_host(name)
 
 
-@pytest.mark.parametrize("value,expected", [("1", 1), ("8", 8), ("128", 128), ("0", None), ("-1", None), ("1.5", None), (" 2", None), ("2 ", None), ("+3", None), ("1e3", None), ("٣", None), ("", None), (None, None), (4, None), ("abc", None)])
+@pytest.mark.parametrize("value,expected", [("1", 1), ("8", 8), ("128", 128), ("0", None), ("-1", None), ("1.5", None),
+                                            (" 2", None), ("2 ", None), ("+3", None), ("1e3", None), ("٣", None),
+                                            ("", None), (None, None), (4, None), ("abc", None)])
 def test_parse_slots(value, expected):
     assert parse_slots(value) == expected
 
@@ -60,7 +64,8 @@ def test_accepts_healthy_entries_sorted_by_host():
 
 
 def test_any_non_passing_check_excludes_the_entry():
-    warning = entry("n1", checks=[{"CheckID": "serfHealth", "Status": "passing"}, {"CheckID": "service:x", "Status": "warning"}])
+    warning = entry("n1", checks=[{"CheckID": "serfHealth", "Status": "passing"},
+                                  {"CheckID": "service:x", "Status": "warning"}])
     node_down = entry("n2", checks=[{"CheckID": "serfHealth", "Status": "critical"}])
     unknown = entry("n3", checks=[{"CheckID": "c", "Status": "weird"}])
     decisions = evaluate([warning, node_down, unknown, entry("n4")])
@@ -70,7 +75,8 @@ def test_any_non_passing_check_excludes_the_entry():
 
 
 def test_maintenance_is_reported_with_its_reason():
-    drained = entry("n1", checks=[{"CheckID": "_service_maintenance:horovod-n1", "Status": "critical", "Notes": "slurm wants it back"}])
+    drained = entry("n1", checks=[{"CheckID": "_service_maintenance:horovod-n1", "Status": "critical",
+                                   "Notes": "slurm wants it back"}])
     node_maint = entry("n2", checks=[{"CheckID": "_node_maintenance", "Status": "critical", "Notes": ""}])
     d1, d2 = evaluate([drained, node_maint])
     assert (d1.verdict, d1.health, d1.maintenance) == (Verdict.UNHEALTHY, "maintenance", "slurm wants it back")
@@ -93,8 +99,10 @@ def test_host_naming_choices():
     e = entry("n1", address="10.0.0.1", service_address="10.9.9.9")
     no_service_address = entry("n2", address="10.0.0.2")
     assert [d.host for d in evaluate([e, no_service_address], Options(naming=HostNaming.NODE))] == ["n1", "n2"]
-    assert [d.host for d in evaluate([e, no_service_address], Options(naming=HostNaming.SERVICE_ADDRESS))] == ["10.9.9.9", "10.0.0.2"]
-    assert [d.host for d in evaluate([e, no_service_address], Options(naming=HostNaming.NODE_ADDRESS))] == ["10.0.0.1", "10.0.0.2"]
+    assert ([d.host for d in evaluate([e, no_service_address], Options(naming=HostNaming.SERVICE_ADDRESS))]
+            == ["10.9.9.9", "10.0.0.2"])
+    assert ([d.host for d in evaluate([e, no_service_address], Options(naming=HostNaming.NODE_ADDRESS))]
+            == ["10.0.0.1", "10.0.0.2"])
     bad_address = entry("n3", service_address="-oProxyCommand=x")
     assert evaluate([bad_address], Options(naming=HostNaming.SERVICE_ADDRESS))[0].verdict is Verdict.BAD_HOST
 

@@ -146,7 +146,8 @@ def test_the_doctor_reports_the_same_finding(monkeypatch, tmp_path):
     monkeypatch.setenv("CONSUL_HTTP_TOKEN", TOKEN)
     finding = doctor.check_token(None)
     assert (finding.label, finding.required) == ("FAIL", True)
-    assert "refuses to run" in finding.line() and "CONSUL_HTTP_TOKEN_FILE" in finding.line() and TOKEN not in finding.line()
+    assert ("refuses to run" in finding.line() and "CONSUL_HTTP_TOKEN_FILE" in finding.line()
+            and TOKEN not in finding.line())
     monkeypatch.setenv(ALLOW, "1")
     assert doctor.check_token(None).label == "warn"
     monkeypatch.setenv(ALLOW, "yes")
@@ -160,7 +161,8 @@ def test_the_doctor_reports_the_same_finding(monkeypatch, tmp_path):
 
 
 def test_the_bed_and_the_demo_never_hand_a_token_to_their_children():
-    base = {"CONSUL_HTTP_ADDR": "10.0.0.1:8500", "CONSUL_HTTP_TOKEN": TOKEN, "CONSUL_HTTP_TOKEN_FILE": "/t", "PATH": "/bin"}
+    base = {"CONSUL_HTTP_ADDR": "10.0.0.1:8500", "CONSUL_HTTP_TOKEN": TOKEN, "CONSUL_HTTP_TOKEN_FILE": "/t",
+            "PATH": "/bin"}
     for scrub in (True, False):
         env = child_env(base, scrub=scrub)
         assert "CONSUL_HTTP_TOKEN" not in env and "CONSUL_HTTP_TOKEN_FILE" not in env
@@ -179,7 +181,8 @@ def test_no_log_or_output_holds_the_token(secured, env, tmp_path, caplog):
         agent.stop()
     outputs = [agent.read_log()]
     for command_env in (safe, dict(env, CONSUL_HTTP_TOKEN=TOKEN + "x")):  # right token from a file, wrong one
-        status = subprocess.run([str(HVD_ELASTIC), "status"], env=command_env, capture_output=True, text=True, timeout=60)
+        status = subprocess.run([str(HVD_ELASTIC), "status"], env=command_env, capture_output=True, text=True,
+                                timeout=60)
         outputs.append(status.stdout + status.stderr)
     assert "localhost" in outputs[1] and "403" in outputs[2], outputs
     with caplog.at_level(logging.DEBUG, logger="hvd_elastic.devagent"):

@@ -1,4 +1,5 @@
-"""Where the dev agent was found to differ from HashiCorp Consul 1.8.7, pinned on both (``cluster`` runs each test twice).
+"""Where the dev agent was found to differ from HashiCorp Consul 1.8.7, pinned on both (``cluster`` runs each test
+twice).
 
 Each of these failed on the dev agent before it was fixed; see the table in
 :mod:`hvd_elastic.devagent` for the differences that remain.

@@ -123,7 +123,8 @@ def test_horovodrun_arguments_are_horovods(pod, container, cmd, horovodrun_help,
     assert argv[0] == f"{IMAGE_BIN}/horovodrun"
     flags = [arg for arg in argv[:argv.index("python")] if arg.startswith("-")]
     for flag in flags:
-        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}[\s,=\]]", horovodrun_help, re.M), f"horovodrun --help has no {flag}"
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}[\s,=\]]", horovodrun_help,
+                         re.M), f"horovodrun --help has no {flag}"
     monkeypatch.setattr(sys, "argv", ["horovodrun", *argv[1:]])
     try:
         args = launch.parse_args()
@@ -142,8 +143,8 @@ def test_horovodrun_arguments_are_horovods(pod, container, cmd, horovodrun_help,
 def test_discovery_under_the_launchers_environment(pod, container, cmd, monkeypatch, tmp_path):
     env = render_env(pod, container, FIELDS)
     (tmp_path / "token").write_text("")  # ACLs off: an empty token file
-    args = dry_parse([f"{IMAGE_BIN}/hvd-elastic", "discover"], {**env, "CONSUL_HTTP_TOKEN_FILE": str(tmp_path / "token")},
-                     monkeypatch)
+    args = dry_parse([f"{IMAGE_BIN}/hvd-elastic", "discover"],
+                     {**env, "CONSUL_HTTP_TOKEN_FILE": str(tmp_path / "token")}, monkeypatch)
     assert args.host_name == "service-address"  # pods' addresses, not the Kubernetes node names
     assert consul_config(args).base_url == "http://10.0.7.21:8500"
     # horovodrun copies its whole environment onto the workers' ssh command lines: no secret in it.
@@ -229,7 +230,8 @@ def test_every_reference_resolves():
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
     (hpa,) = [doc for _, doc in resources() if doc["kind"] == "HorizontalPodAutoscaler"]
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": sts["metadata"]["name"]}
 
 
 def volume_name(volumes: dict, volume: dict) -> str:
@@ -240,7 +242,8 @@ def test_readmes_secret_commands_make_what_the_pods_mount():
     """``kubectl create secret ... --from-file=KEY=...`` in README.md gives the keys the manifests read."""
     readme = (REPO / "README.md").read_text()
     made: dict[str, set[str]] = {}
-    for match in re.finditer(r"kubectl create (?:secret generic|configmap) (\S+)((?:\s+\\?\s*--from-file=[^\s=]+=\S+)+)",
+    for match in re.finditer(r"kubectl create (?:secret generic|configmap) (\S+)"
+                             r"((?:\s+\\?\s*--from-file=[^\s=]+=\S+)+)",
                              readme):
         made[match.group(1)] = set(re.findall(r"--from-file=([^\s=]+)=", match.group(2)))
     assert made == {"hvd-elastic-consul-token": {"token"}, "hvd-elastic-consul-ca": {"ca.crt"},

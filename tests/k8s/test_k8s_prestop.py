@@ -61,7 +61,8 @@ class PodEnv:
 
     def command(self, container: str, name: str = "hvd-worker-0", *, hook: bool) -> tuple[Command, dict[str, str]]:
         env = self.env(STS, container, name)
-        (cmd,) = [c for c in commands(STS, STS.container(container), env) if c.hook == hook and "hvd-elastic" in c.argv[0]]
+        (cmd,) = [c for c in commands(STS, STS.container(container), env)
+                  if c.hook == hook and "hvd-elastic" in c.argv[0]]
         return cmd, env
 
     def discovery(self) -> str:
@@ -111,7 +112,8 @@ def fake_worker():
         proc.wait()
 
 
-def run(cmd: Command, env: dict[str, str], *replace: tuple[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+def run(cmd: Command, env: dict[str, str], *replace: tuple[str, str],
+        timeout: float = 120) -> subprocess.CompletedProcess:
     argv = local(cmd.argv)
     for old, new in replace:
         argv[argv.index(old)] = new

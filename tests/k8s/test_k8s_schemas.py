@@ -46,7 +46,8 @@ def test_every_kind_is_covered():
 
 
 def mutations(doc: dict) -> list[tuple[str, dict]]:
-    """Broken copies of ``doc``: a misspelt field, a wrong type and, where the kind has one, a missing required field."""
+    """Broken copies of ``doc``: a misspelt field, a wrong type and, where the kind has one, a missing required
+    field."""
     misspelt, wrong_type, missing = copy.deepcopy(doc), copy.deepcopy(doc), copy.deepcopy(doc)
     misspelt["metadata"]["lables"] = {"a": "b"}
     broken = [("misspelt", misspelt), ("wrong type", wrong_type), ("missing", missing)]
@@ -124,7 +125,8 @@ def test_a_broken_mpijob_fails_the_crd_schema(tmp_path, strict_schema):
     del missing["spec"]["mpiReplicaSpecs"]
     misspelt["spec"]["slotPerWorker"] = misspelt["spec"].pop("slotsPerWorker")
     for name, broken, schema, expected in [("wrong-type", wrong_type, MPIJOB_SCHEMA, "'two' is not of type 'integer'"),
-                                           ("missing", missing, MPIJOB_SCHEMA, "'mpiReplicaSpecs' is a required property"),
+                                           ("missing", missing, MPIJOB_SCHEMA,
+                                            "'mpiReplicaSpecs' is a required property"),
                                            ("misspelt", misspelt, strict_schema, "slotPerWorker")]:
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(broken))

@@ -1,4 +1,5 @@
-"""The multi-host fault matrix: skipped with the reason where the netns test bed cannot run (a failure in CI, see tests/conftest.py)."""
+"""The multi-host fault matrix: skipped with the reason where the netns test bed cannot run (a failure in CI, see
+tests/conftest.py)."""
 
 from __future__ import annotations
 

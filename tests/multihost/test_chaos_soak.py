@@ -55,8 +55,9 @@ def test_twenty_overlapping_faults_lose_nothing(tmp_path, seed, reliability):
     print("\n".join(f"slow: {line}" for line in summary["slow"]))  # listed, not judged: a timing, not a promise
     if summary["not_back"]:  # a finding to chase (printed with what discovery saw), not a broken promise
         print(f"seed {seed}: the job did not grow back to every host: {summary['not_back']}")
-    reliability({"fault": f"chaos soak, seed {seed}", "injected": summary["injected"], "survived": not summary["problems"],
-                 "lost": summary["lost"], "duplicated": summary["duplicated"], "identical": summary["identical"]})
+    reliability({"fault": f"chaos soak, seed {seed}", "injected": summary["injected"],
+                 "survived": not summary["problems"], "lost": summary["lost"], "duplicated": summary["duplicated"],
+                 "identical": summary["identical"]})
     assert summary["injected"] == config.faults, f"seed {seed}: {format_summary(summary)}"
     assert not summary["problems"], f"seed {seed}: {summary['problems']}"
     assert not left_behind(tmp_path), f"seed {seed}: left behind {left_behind(tmp_path)}"

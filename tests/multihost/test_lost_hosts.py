@@ -40,7 +40,8 @@ def test_partition_without_keepalives_and_heal(cluster, reliability):
 
 def test_freeze_then_kill_without_keepalives(cluster, reliability):
     one_host_fault(cluster, reliability, "freeze then kill, no ssh keep-alives, Gloo 60 s", cluster.bed.freeze,
-                   lambda host: (cluster.bed.crash(host), cluster.bed.thaw(host)), after=2, guard=BELOW_GLOO, guard_after=HANG_GUARD)
+                   lambda host: (cluster.bed.crash(host), cluster.bed.thaw(host)), after=2, guard=BELOW_GLOO,
+                   guard_after=HANG_GUARD)
 
 
 def test_freeze_then_thaw_without_keepalives(cluster, reliability):

@@ -40,7 +40,8 @@ def cluster(tmp_path_factory):
 
 
 def doctor(cluster: ElasticCluster, directory) -> tuple[int, list[str], str]:
-    """``hvd-elastic doctor --hosts`` on the launcher, reaching the hosts with the bed's ssh: (exit, shared lines, stderr)."""
+    """``hvd-elastic doctor --hosts`` on the launcher, reaching the hosts with the bed's ssh: (exit, shared lines,
+    stderr)."""
     env = cluster.bed.env(child_env(CONSUL_HTTP_ADDR=cluster.consul_addr(LAUNCHER), **cluster.consul_env))
     out = cluster.bed.run(LAUNCHER, [HVD_ELASTIC, "doctor", "--checkpoint-dir", directory, "--min-free-gib", "0",
                                      "--hosts", ",".join(HOSTS)], env=env, timeout=300)

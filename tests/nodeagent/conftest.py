@@ -1,4 +1,5 @@
-"""Fixtures of the node-agent tests: a two-node Consul cluster (the dev agent, then real Consul) and node-agent processes."""
+"""Fixtures of the node-agent tests: a two-node Consul cluster (the dev agent, then real Consul) and node-agent
+processes."""
 
 from __future__ import annotations
 

@@ -40,15 +40,18 @@ def test_every_command_honours_consul_tls_server_name(tmp_path, consul_kind):
         agent = start_node_agent("--probe", "memory", "--min-free-memory", "1K", "--slots", "2", "--interval", "0.3",
                                  env=named, logdir=tmp_path, name="agent")
         try:
-            wait_until("registration over https by server name", lambda: run_discovery(named).stdout == "localhost:2\n", WAIT)
+            wait_until("registration over https by server name",
+                       lambda: run_discovery(named).stdout == "localhost:2\n", WAIT)
             assert run_discovery(env).returncode == 1
             drained = hvd(named, "drain")
             assert drained.returncode == 0, drained.stderr
             assert "maintenance" in hvd(named, "status").stdout
             assert hvd(named, "undrain").returncode == 0
-            doctor = {line.split()[1]: line for line in hvd(named, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
+            doctor = {line.split()[1]: line
+                      for line in hvd(named, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
             assert doctor["consul"].startswith("ok"), doctor["consul"]
-            doctor = {line.split()[1]: line for line in hvd(env, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
+            doctor = {line.split()[1]: line
+                      for line in hvd(env, "doctor", "--checkpoint-dir", str(tmp_path)).stdout.splitlines()}
             assert doctor["consul"].startswith("FAIL") and "TLS with Consul at" in doctor["consul"], doctor["consul"]
         finally:
             agent.kill()
@@ -163,7 +166,8 @@ def test_the_node_agent_follows_a_token_file_rotated_in_place(tmp_path, consul_k
         try:
             wait_until("the refusal to be logged", lambda: "refused access (403" in agent.read_log(), WAIT)
             write_token(good)  # no restart
-            wait_until("registration with the rotated token", lambda: run_discovery(env).stdout == "localhost:3\n", WAIT)
+            wait_until("registration with the rotated token",
+                       lambda: run_discovery(env).stdout == "localhost:3\n", WAIT)
             assert "expired-" not in agent.read_log() and good not in agent.read_log()
         finally:
             agent.kill()

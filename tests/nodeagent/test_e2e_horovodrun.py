@@ -44,7 +44,8 @@ def test_membership_follows_consul(cluster, node_agents, tmp_path):
         sizes.wait_for_size(job, size, timeout=90, since=since)
 
     def hvd(*args: str) -> None:
-        result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run([str(HVD_ELASTIC), *args, "--http-addr", other], env=env, capture_output=True,
+                                text=True, timeout=60)
         assert result.returncode == 0, result.stderr
 
     with job:

@@ -65,7 +65,8 @@ def test_probe_failure_and_recovery_through_a_plugin(cluster, node_agents, tmp_p
     """))
     addr = cluster.addr("localhost")
     env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=addr, PYTHONPATH=str(plugin_dir))
-    agent = node_agents.start(addr, "--slots", "1", "--ttl", "3", "--interval", "0.3", "--probe", "flagprobe:factory", env=env)
+    agent = node_agents.start(addr, "--slots", "1", "--ttl", "3", "--interval", "0.3", "--probe", "flagprobe:factory",
+                              env=env)
     wait_until("the node to be listed", lambda: run_discovery(env).stdout == "localhost:1\n", WAIT)
     flag.touch()
     wait_until("the check to turn critical", lambda: (service_check(addr) or {}).get("Status") == "critical", WAIT)
@@ -81,7 +82,8 @@ def test_probe_failure_and_recovery_through_a_plugin(cluster, node_agents, tmp_p
 
 def test_disk_probe_threshold_turns_the_node_critical(cluster, node_agents, tmp_path):
     addr = cluster.addr("localhost")
-    node_agents.start(addr, "--slots", "1", "--probe", "disk", "--min-free-disk", "1000T", "--checkpoint-path", str(tmp_path))
+    node_agents.start(addr, "--slots", "1", "--probe", "disk", "--min-free-disk", "1000T",
+                      "--checkpoint-path", str(tmp_path))
     wait_until("the first report after registering", lambda: (service_check(addr) or {}).get("Output"), WAIT)
     check = service_check(addr)
     assert check["Status"] == "critical" and "is below 1024000.0 GiB" in check["Output"]
@@ -191,11 +193,13 @@ def test_slurm_epilog_drains_and_prolog_undrains(cluster, node_agents, tmp_path)
                     HVD_ELASTIC_NODE_AGENT_UNIT="", HVD_ELASTIC_DRAIN_GRACE="0", SLURM_JOB_ID="4242")
     node_agents.start(addr, "--slots", "1")
     wait_until("the node to be listed", lambda: run_discovery(env).stdout == "localhost:1\n", WAIT)
-    epilog = subprocess.run([str(REPO / "scripts/slurm/epilog.sh")], env=env, capture_output=True, text=True, timeout=60)
+    epilog = subprocess.run([str(REPO / "scripts/slurm/epilog.sh")], env=env, capture_output=True, text=True,
+                            timeout=60)
     assert epilog.returncode == 0, epilog.stderr
     assert run_discovery(env).stdout == ""
     assert "slurm job 4242 ended" in hvd(env, "status").stdout
-    prolog = subprocess.run([str(REPO / "scripts/slurm/prolog.sh")], env=env, capture_output=True, text=True, timeout=60)
+    prolog = subprocess.run([str(REPO / "scripts/slurm/prolog.sh")], env=env, capture_output=True, text=True,
+                            timeout=60)
     assert prolog.returncode == 0, prolog.stderr
     assert run_discovery(env).stdout == "localhost:1\n"
 
@@ -211,7 +215,8 @@ def test_node_agent_drain_and_status_over_tls(node_agents, tmp_path, consul_kind
         assert "maintenance" in hvd(env, "status").stdout
         untrusted = dict(env, CONSUL_CACERT="")
         result = hvd(untrusted, "undrain")
-        assert result.returncode == 1 and result.stderr.count("\n") == 1 and "TLS with Consul at" in result.stderr, result.stderr
+        assert (result.returncode == 1 and result.stderr.count("\n") == 1
+                and "TLS with Consul at" in result.stderr), result.stderr
 
 
 def test_agent_started_before_consul_registers_once_consul_is_up(cluster, node_agents, tmp_path):

@@ -87,7 +87,8 @@ def test_load_probe_by_name_or_factory():
             load_probe(spec, ProbeSettings())
 
 
-@pytest.mark.parametrize("text,expected", [("512", 512), ("1K", 1024), ("2G", 2 * 2**30), ("1.5T", int(1.5 * 2**40)), ("10GiB", 10 * 2**30), ("3mb", 3 * 2**20)])
+@pytest.mark.parametrize("text,expected", [("512", 512), ("1K", 1024), ("2G", 2 * 2**30), ("1.5T", int(1.5 * 2**40)),
+                                           ("10GiB", 10 * 2**30), ("3mb", 3 * 2**20)])
 def test_byte_size(text, expected):
     assert byte_size(text) == expected
 

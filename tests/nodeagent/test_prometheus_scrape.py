@@ -45,7 +45,8 @@ def scrape_config(job_port: int, node_targets: dict[str, str]) -> dict:
         "scrape_configs": [
             {"job_name": "hvd-elastic-job", "static_configs": [{"targets": [f"127.0.0.1:{job_port}"]}]},
             {"job_name": "hvd-elastic-node",
-             "static_configs": [{"targets": [target], "labels": {"node": node}} for node, target in node_targets.items()]},
+             "static_configs": [{"targets": [target], "labels": {"node": node}}
+                                for node, target in node_targets.items()]},
         ],
     }
 
@@ -133,7 +134,8 @@ def test_prometheus_sees_sizes_resets_and_recoveries(cluster, node_agents, tmp_p
         by_cause = {r["metric"]["cause"]: float(r["value"][1]) for r in prom.query("hvd_elastic_resets_total")}
         wait_until("the last reset's recovery to be observed",
                    lambda: prom.value("hvd_elastic_recovery_seconds_count") == len(resets), timeout=30)
-        phases = {r["metric"]["phase"]: float(r["value"][1]) for r in prom.query("hvd_elastic_reset_phase_seconds_count")}
+        phases = {r["metric"]["phase"]: float(r["value"][1])
+                  for r in prom.query("hvd_elastic_reset_phase_seconds_count")}
         not_training = prom.value("hvd_elastic_not_training_seconds_total")
         ttl_ok = prom.value('sum(hvd_elastic_node_ttl_updates_total{outcome="ok"})')
         stopped = time.time()

@@ -88,7 +88,8 @@ def test_node_agent_in_an_allocation_registers_its_job_and_gpus(cluster, node_ag
     addr = cluster.addr("localhost")
     env = child_env(discovery_state=tmp_path, CONSUL_HTTP_ADDR=addr, SLURM_GPUS_ON_NODE="3", **JOB)
     agent = node_agents.start(addr, "--ttl", "3", env=env)
-    wait_until("the job's registration", lambda: "horovod-slurm-4242" in consul_request(addr, "GET", "/v1/agent/services")[1], 30)
+    wait_until("the job's registration",
+               lambda: "horovod-slurm-4242" in consul_request(addr, "GET", "/v1/agent/services")[1], 30)
     meta = consul_request(addr, "GET", "/v1/agent/services")[1]["horovod-slurm-4242"]["Meta"]
     assert (meta["slots"], meta["slurm_job_id"], meta["slurm_node"]) == ("3", "4242", "gpu-07")
     assert agent.stop() == 0
@@ -98,4 +99,5 @@ def test_node_agent_refuses_a_malformed_allocation(tmp_path):
     env = child_env(discovery_state=tmp_path, SLURM_JOB_ID="4242", SLURMD_NODENAME="n1", SLURM_JOB_GPUS="all")
     result = subprocess.run([str(HVD_ELASTIC), "node-agent"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == "node-agent: SLURM_JOB_GPUS='all' is not a list of GPU indices (expected e.g. 0,1,3)"
+    assert result.stderr.strip() == ("node-agent: SLURM_JOB_GPUS='all' is not a list of GPU indices "
+                                     "(expected e.g. 0,1,3)")

@@ -26,7 +26,8 @@ LOG_FD = os.open(os.path.join(SIZES_DIR, f"sizes.{os.getpid()}.jsonl"), os.O_WRO
 
 
 def record(event: str, step: int) -> None:
-    row = {"pid": os.getpid(), "host": HOST, "rank": hvd.rank(), "size": hvd.size(), "step": step, "event": event, "time": time.time()}
+    row = {"pid": os.getpid(), "host": HOST, "rank": hvd.rank(), "size": hvd.size(), "step": step, "event": event,
+           "time": time.time()}
     os.write(LOG_FD, (json.dumps(row) + "\n").encode())
 
 

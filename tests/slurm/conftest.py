@@ -1,4 +1,5 @@
-"""Slurm tests need the netns bed and Slurm's daemons: skipped with the reason otherwise (a failure in CI, see tests/conftest.py)."""
+"""Slurm tests need the netns bed and Slurm's daemons: skipped with the reason otherwise (a failure in CI, see
+tests/conftest.py)."""
 
 from __future__ import annotations
 

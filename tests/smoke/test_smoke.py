@@ -22,7 +22,8 @@ def _results(smoke_dir: Path) -> list[dict]:
 
 
 def test_horovodrun_gloo_allreduce(tmp_path):
-    cmd = [VENV_BIN / "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, HERE / "worker_allreduce.py"]
+    cmd = [VENV_BIN / "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+           HERE / "worker_allreduce.py"]
     with Job(cmd, env=child_env(SMOKE_DIR=str(tmp_path)), logdir=tmp_path, name="horovodrun") as job:
         job.start().finish(timeout=180)
     results = _results(tmp_path)

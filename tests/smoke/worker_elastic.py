@@ -33,7 +33,8 @@ def main() -> None:
             hvd.allreduce(torch.ones(1), name="work")
             state.step += 1
             with open(log_path, "a") as log:
-                log.write(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "time": time.time()}) + "\n")
+                log.write(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "step": state.step,
+                                      "time": time.time()}) + "\n")
             state.commit()
             time.sleep(0.1)
 

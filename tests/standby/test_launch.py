@@ -158,7 +158,8 @@ def test_another_launchers_code_is_refused_by_fingerprint(standby, tmp_path, mon
 
     monkeypatch.setenv(protocol.DIR_ENV, standby.env[protocol.DIR_ENV])
     monkeypatch.setattr(protocol, "fingerprint", lambda: "1-newer")
-    with pytest.raises(launch.Fallback, match=r"standby 't' runs other code \(1-[0-9a-f]{16}, this launcher is 1-newer\)"):
+    with pytest.raises(launch.Fallback,
+                       match=r"standby 't' runs other code \(1-[0-9a-f]{16}, this launcher is 1-newer\)"):
         launch.through_standby("t", [PYTHON, "-c", "1"])
 
 
@@ -248,13 +249,15 @@ def test_a_socket_directory_too_long_for_a_unix_socket_is_named(tmp_path):
 
 def test_a_command_that_cannot_run_is_exit_127(tmp_path):
     out = subprocess.run([str(VENV_BIN / "hvd-elastic"), "exec", "--", str(tmp_path / "missing")],
-                         capture_output=True, text=True, timeout=WAIT, env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
+                         capture_output=True, text=True, timeout=WAIT,
+                         env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
     assert out.returncode == 127 and "cannot run" in out.stderr.splitlines()[-1]
 
 
 def test_a_missing_preload_module_stops_the_standby_with_exit_1(tmp_path):
     out = subprocess.run([str(VENV_BIN / "hvd-elastic"), "standby", "--preload", "no_such_module_xyz"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, protocol.DIR_ENV: str(tmp_path)})
     assert out.returncode == 1
     assert "cannot preload 'no_such_module_xyz': ModuleNotFoundError" in out.stderr
 

@@ -33,7 +33,8 @@ def test_the_node_waits_for_its_standby_and_stays_when_the_standby_dies(consul_k
             assert run_discovery(env).stdout == ""  # registered, withheld
             with StandbyProcess(tmp_path, "job1", socket_dir=sockets) as standby:
                 standby.wait_ready()
-                wait_until("the node announced", lambda: run_discovery(env).stdout == "localhost:1\n", WAIT, jobs=[node])
+                wait_until("the node announced", lambda: run_discovery(env).stdout == "localhost:1\n", WAIT,
+                           jobs=[node])
                 standby.proc.kill()  # dies: the node must stay in the job
                 standby.proc.wait(WAIT)
             time.sleep(2.0)  # four probe rounds with the standby gone

@@ -11,7 +11,8 @@ from testbed.standby import READY_WAIT, StandbyProcess
 
 
 def test_notify_sends_one_datagram_to_a_path_or_an_abstract_socket(tmp_path, monkeypatch):
-    for address, bind in ((str(tmp_path / "notify"), str(tmp_path / "notify")), ("@hvd-elastic-test", "\0hvd-elastic-test")):
+    for address, bind in ((str(tmp_path / "notify"), str(tmp_path / "notify")),
+                          ("@hvd-elastic-test", "\0hvd-elastic-test")):
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
             manager.bind(bind)
             monkeypatch.setenv(sdnotify.ENV, address)

@@ -121,7 +121,8 @@ def committed_batches(out: Path) -> dict[tuple, dict[int, dict]]:
     for rec in JsonLines(out / "ledger" / "*.jsonl").rows():
         key = (rec["loader"], *rec["key"])
         first = batches[key].setdefault(rec["rank"], rec)
-        assert (first["idx"], first["xsum"]) == (rec["idx"], rec["xsum"]), f"two batches for rank {rec['rank']} of {key}"
+        assert ((first["idx"], first["xsum"])
+                == (rec["idx"], rec["xsum"])), f"two batches for rank {rec['rank']} of {key}"
     return batches
 
 
@@ -161,7 +162,8 @@ def test_a_killed_rank_s_forks_do_not_hold_the_survivor(tmp_path, loader, leftov
         job.wait_until("the survivor's first commit in a world of 1", lambda: commits(log.rows(), 1), timeout=60)
         lingering = [w.pid for w in (*victim.loader_workers, victim.mp_helper) if not wait_dead(w, timeout=10)]
         assert not lingering, f"multiprocessing children {lingering} of the killed rank outlived it"
-        assert is_alive(victim.fork_helper), "the killed rank's bare fork child died with it: its lifetime is the user's"
+        assert is_alive(victim.fork_helper), ("the killed rank's bare fork child died with it: "
+                                              "its lifetime is the user's")
         events = log.rows()
         (tmp_path / "release").touch()
         (tmp_path / "fast").touch()

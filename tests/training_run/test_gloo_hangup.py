@@ -39,7 +39,8 @@ def run(tmp_path: Path, hangup: str) -> tuple[dict, dict]:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         reports = {p.name: p.read_text() for p in tmp_path.glob("rank*.json")}
-        raise AssertionError(f"rank 1 was still waiting after 60 s (HVD_ELASTIC_GLOO_HANGUP={hangup}); reports {reports}; "
+        raise AssertionError(f"rank 1 was still waiting after 60 s (HVD_ELASTIC_GLOO_HANGUP={hangup}); "
+                             f"reports {reports}; "
                              f"output {(exc.stderr or b'')[-2000:]!r}") from exc
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return tuple(json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))

@@ -81,7 +81,8 @@ def assert_same_training(result: dict, reference: dict) -> None:
 def reference(tmp_path_factory) -> dict:
     """An uninterrupted run under a STATIC horovodrun (-np 2, no elastic flags): the
     static-launch test and the reference every other run is compared with."""
-    with TrainJob(tmp_path_factory.mktemp("static"), [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2"]) as job:
+    with TrainJob(tmp_path_factory.mktemp("static"),
+                  [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2"]) as job:
         job.start().finish(FINISH)
     result = job.result()
     events = EventLog.read(job.events)

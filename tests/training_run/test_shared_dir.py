@@ -134,7 +134,8 @@ def test_the_runner_checks_before_it_loads_a_checkpoint_and_cleans_up(tmp_path, 
     verify, load_latest = shared_dir.verify, CheckpointManager.load_latest
     monkeypatch.setattr(runner.shared_dir, "verify",
                         lambda *a, **k: order.append(("verify", k["enabled"])) or verify(*a, **k))
-    monkeypatch.setattr(CheckpointManager, "load_latest", lambda self, **k: order.append("load") or load_latest(self, **k))
+    monkeypatch.setattr(CheckpointManager, "load_latest",
+                        lambda self, **k: order.append("load") or load_latest(self, **k))
     resumed = make_state()
     run(checkpoint_dir=ckpt)(steps)(resumed, 3)
     assert order == [("verify", True), "load"] and resumed.step == 3

@@ -100,14 +100,15 @@ def test_a_host_that_joins_later_is_checked_when_it_joins(tmp_path):
     progress = tmp_path / "out" / "progress"
     with start(tmp_path, launcher, tmp_path / "ckpt-{host}", STOP_FILE=str(tmp_path / "stop"),
                STEP_SLEEP="0.1") as job:
-        job.wait_until("training at size 1", lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3,
-                       WAIT)
+        job.wait_until("training at size 1",
+                       lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3, WAIT)
         hosts.write_text("localhost:1\n127.0.0.1:1\n")
         code = job.wait(WAIT)
     lines = refusal_lines(job)
     assert code != 0, job.log_tail()
     assert {line[:3] for line in lines} == {"[0]", "[1]"}, job.log_tail()
     message = lines[0]
-    assert f"rank 0 wrote there on {label('localhost')} is not seen on {label('127.0.0.1')} (rank 1)" in message, message
+    assert (f"rank 0 wrote there on {label('localhost')} is not seen on {label('127.0.0.1')} (rank 1)"
+            in message), message
     assert json.loads(progress.read_text())["size"] == 1, "the newcomer trained before it was checked"
     assert markers(tmp_path / "ckpt-localhost") == []

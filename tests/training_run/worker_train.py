@@ -88,7 +88,8 @@ def main() -> None:
         ckpt_dir = ckpt_dir.replace("{host}", host)
 
     @hvd_elastic.run(checkpoint_dir=ckpt_dir,
-                     checkpoint_every_commits=int(os.environ.get("CKPT_EVERY", "5")) if os.environ.get("CKPT_DIR") else None,
+                     checkpoint_every_commits=(int(os.environ.get("CKPT_EVERY", "5")) if os.environ.get("CKPT_DIR")
+                                               else None),
                      keep_last=3, event_log=os.environ.get("EVENT_LOG"))
     def train(state):
         epochs = 10**6 if STOP_FILE else EPOCHS

@@ -38,7 +38,8 @@ class ElasticJob(Job):
         cmd = [*horovodrun_elastic(discover, 2, 1, 4, "--blacklist-cooldown-range", "2", "3"),
                sys.executable, HERE / "elastic_worker.py"]
         super().__init__(cmd, logdir=out, name="horovodrun",
-                         env=child_env(OUT=str(out), HOROVOD_GLOO_TIMEOUT_SECONDS="15", HOROVOD_ELASTIC_TIMEOUT="60", **env))
+                         env=child_env(OUT=str(out), HOROVOD_GLOO_TIMEOUT_SECONDS="15", HOROVOD_ELASTIC_TIMEOUT="60",
+                                       **env))
 
     def progress(self) -> dict:
         try:

@@ -56,8 +56,8 @@ async def agent_self(ctx: Context):
         "DebugConfig": {"DevMode": True, "ACLsEnabled": cluster.tokens is not None,
                         "HvdElasticVersion": __version__},
         "Coord": None,
-        "Member": {"Name": agent.node, "Addr": node.address, "Port": 8301, "Tags": {"dc": cluster.datacenter, "role": "consul"},
-                   "Status": 1},
+        "Member": {"Name": agent.node, "Addr": node.address, "Port": 8301,
+                   "Tags": {"dc": cluster.datacenter, "role": "consul"}, "Status": 1},
         "Stats": stats(ctx),
         "Meta": {"consul-network-segment": ""},
     })
