@@ -2,7 +2,7 @@
 
 Issue 12: a killed rank's DataLoader workers kept its Gloo sockets (and its output)
 open, so the survivor waited for them (about 5 s, torch's worker poll).  Here,
-with ``hvd_elastic.training.forksafe`` off ("before", ``HVD_ELASTIC_FORK_SAFETY=0``)
+with ``hvd_elastic.training._internal.forksafe`` off ("before", ``HVD_ELASTIC_FORK_SAFETY=0``)
 and on ("after"), for ``num_workers`` 0, 2 and 2 with ``persistent_workers=True``.
 
 Set-up: elastic horovodrun, two ranks on the local pseudo-hosts ``localhost`` and

@@ -5,7 +5,7 @@ command exit 1 and its line says how to fix it; optional checks (GPUs on a
 CPU-only node, say) only warn.
 
 ``--hosts h1,h2`` adds one ``shared`` line per host: doctor writes a marker
-into ``--checkpoint-dir`` here (:mod:`hvd_elastic.training.shared_dir`) and
+into ``--checkpoint-dir`` here (:mod:`hvd_elastic.training._internal.shared_dir`) and
 reads it back on each host with ``ssh HOST cat -- MARKER`` (BatchMode, as
 horovodrun reaches its hosts), then removes it.  A host that does not see it
 fails: after a whole-job restart rank 0 may run there and would start over
@@ -31,7 +31,7 @@ from hvd_elastic.consul.config import ConfigError, ConsulConfig, token_file_expo
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import token_guard
 from hvd_elastic.options import argument_type, host_list
-from hvd_elastic.training import shared_dir
+from hvd_elastic.training._internal import shared_dir
 
 BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
 

@@ -1,6 +1,6 @@
 """This process's file descriptors: where Linux lists them, and releasing one without closing it.
 
-Stdlib only.  Used in forked children (:mod:`hvd_elastic.training.forksafe` for
+Stdlib only.  Used in forked children (:mod:`hvd_elastic.training._internal.forksafe` for
 Gloo's connections, :mod:`hvd_elastic.metrics.exporter` for a listening port).
 """
 

@@ -276,7 +276,7 @@ class ElasticCluster:
 
     def job_env(self, out: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a job's horovodrun (and so of every worker) writing into ``out``; ``extra`` wins."""
-        # CONSUL_HTTP_ADDR: where the workers' health cut reads Consul (hvd_elastic.training.health_cut).
+        # CONSUL_HTTP_ADDR: where the workers' health cut reads Consul (hvd_elastic.training._internal.health_cut).
         # A GPU node's workers read their own node's agent at the default address; the bed's agents
         # each listen on their host's address, and every host reaches the launcher's.
         settings = {"CONSUL_HTTP_ADDR": self.consul_addr(), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.gloo_timeout),

@@ -30,8 +30,7 @@ def test_seconds():
 
 
 def test_training_reads_its_switches_without_the_consul_layer():
-    modules = ["hvd_elastic.training.forksafe", "hvd_elastic.training.gloo_hangup", "hvd_elastic.training.shared_dir",
-               "hvd_elastic.training.health_cut"]
+    modules = [f"hvd_elastic.training._internal.{m}" for m in ("forksafe", "gloo_hangup", "shared_dir", "health_cut")]
     code = (f"import sys; [__import__(m) for m in {modules!r}]; "
             "print(sorted(m for m in sys.modules if m.startswith('hvd_elastic.consul')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

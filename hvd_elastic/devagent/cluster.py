@@ -21,7 +21,7 @@ from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.consul.gotypes import SECOND
 
 from .acl import Tokens
-from .agent import LocalAgent, ReaperSettings
+from .local_agent import LocalAgent, ReaperSettings
 from .api.base import ResponseCache
 from .api.dispatch import dispatch
 from .catalog import Catalog

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .agent import validate_service_meta
+from .local_agent import validate_service_meta
 from .catalog import CRITICAL, STATUSES, Catalog, Check, Service
 from .decode import (
     ANY, BOOL, INT, OBJECT, STRING, STRLIST, STRMAP, DecodeError, decode_service_addresses, decode_struct,

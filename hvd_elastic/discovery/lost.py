@@ -30,7 +30,7 @@ It is fed by :func:`hvd_elastic.discovery.watch.follow` (``answer``/``failure``)
 and calls ``on_lost(host, why)`` once per failure of a host that ``watched()``
 still lists -- again at every poll while it returns False ("not now").  Two
 users: the discovery watcher on the launch host (:mod:`.reaper`) and every
-host's first rank (:mod:`hvd_elastic.training.health_cut`).
+host's first rank (:mod:`hvd_elastic.training._internal.health_cut`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ remote worker (``ssh host 'cd ... ; env VAR=value ... python train.py'``,
 host, and it prints its ``--host-discovery-script`` command, ``--token VALUE``
 included, when a discovery call fails (besides showing it in the launch host's
 process list).  Discovery needs the token, and the workers' health cut
-(:mod:`hvd_elastic.training.health_cut`) reads it from the same file on its own
+(:mod:`hvd_elastic.training._internal.health_cut`) reads it from the same file on its own
 host.  A token FILE is safe: only its path travels.
 
 So discovery running under horovodrun with a token value in

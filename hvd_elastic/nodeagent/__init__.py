@@ -5,6 +5,6 @@ They talk to Consul only through :mod:`hvd_elastic.consul` and parse flags with
 :mod:`hvd_elastic.options`; nothing here imports discovery.
 
 * :mod:`.probes` -- pluggable local health probes and GPU detection.
-* :mod:`.agent` -- the registration and TTL loop.
+* :mod:`.loop` -- the registration and TTL loop.
 * :mod:`.cli`, :mod:`.drain` -- the subcommands.
 """

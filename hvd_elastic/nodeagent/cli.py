@@ -137,7 +137,7 @@ def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None
     """The configured NodeAgent; raises ConfigError or ValueError on bad input."""
     import psutil
 
-    from hvd_elastic.nodeagent.agent import NodeAgent, Registration
+    from hvd_elastic.nodeagent.loop import NodeAgent, Registration
     from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
 
     from hvd_elastic.nodeagent import slurm, standby  # noqa: F401 -- registers their probes

@@ -165,7 +165,7 @@ def fit_to_world(policy: BatchPolicy | None, bookkeeping: dict[str, Any], *, ran
 
 def scale_lr(optimizer: Any, schedulers: Sequence[Any], ratio: float) -> None:
     """Multiply every param group's ``lr`` and ``initial_lr`` and each scheduler's ``base_lrs`` by ``ratio``."""
-    from hvd_elastic.training import compat  # torch and Horovod: only when there is an optimizer
+    from hvd_elastic.training._internal import compat  # torch and Horovod: only when there is an optimizer
 
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * ratio

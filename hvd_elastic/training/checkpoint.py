@@ -28,7 +28,7 @@ Contracts:
   and the existing checkpoints are kept.
 * A snapshot holding a value ``torch.load(weights_only=True)`` cannot read is
   a write error naming the value and its type (see
-  :func:`hvd_elastic.training.snapshot.check_loadable`): nothing is written
+  :func:`hvd_elastic.training._internal.snapshot.check_loadable`): nothing is written
   that would only fail at resume.
 * :meth:`CheckpointManager.load_latest` returns the newest checkpoint whose
   manifest parses and whose payload matches its sha256; anything else is skipped
@@ -64,7 +64,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from hvd_elastic.training.events import describe_error
-from hvd_elastic.training.snapshot import check_loadable
+from hvd_elastic.training._internal.snapshot import check_loadable
 
 log = logging.getLogger(__name__)
 

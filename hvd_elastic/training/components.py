@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 import torch
 
-from hvd_elastic.training import compat
-from hvd_elastic.training.rng import RNGState
+from hvd_elastic.training._internal import compat
+from hvd_elastic.training._internal.rng import RNGState
 from hvd_elastic.training.sampler import ExactlyOnceSampler
-from hvd_elastic.training.snapshot import tree_copy
+from hvd_elastic.training._internal.snapshot import tree_copy
 
 AdapterFactory = Callable[[Any], "Adapter"]
 

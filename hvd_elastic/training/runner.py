@@ -16,9 +16,9 @@ Each call of the decorated function:
 
 1. Before every sync of the state (the first world, every world a process joins,
    every world after a failure), checks that every rank sees the same
-   ``checkpoint_dir`` (:mod:`hvd_elastic.training.shared_dir`: rank 0 writes a
+   ``checkpoint_dir`` (:mod:`hvd_elastic.training._internal.shared_dir`: rank 0 writes a
    marker, every rank reads it back, the outcomes are allgathered), and raises
-   :class:`~hvd_elastic.training.shared_dir.SharedDirError` on every rank, naming the
+   :class:`~hvd_elastic.training._internal.shared_dir.SharedDirError` on every rank, naming the
    hosts that do not see it, unless ``checkpoint_dir_shared=False`` or
    ``HVD_ELASTIC_CHECKPOINT_LOCAL=1`` on rank 0 says the directory is local on purpose.
    Then, at this process's first sync, rank 0 deletes leftovers of interrupted
@@ -30,7 +30,7 @@ Each call of the decorated function:
    only); commits, syncs and restores go to the event log.
 3. Under an elastic launch (``HOROVOD_ELASTIC=1``, set by ``horovodrun --min-np/--max-np
    /--host-discovery-script``) runs the function inside Horovod's elastic loop (see
-   :mod:`hvd_elastic.training.elastic_loop` for the one change), and logs
+   :mod:`hvd_elastic.training._internal.elastic_loop` for the one change), and logs
    every reset with its reason and the world size before and after.  Under a static
    launch (``horovodrun -np N``, ``mpirun``) there is nothing to recover to, so it syncs
    once and calls the function; any error ends the job as usual.
@@ -64,10 +64,10 @@ from prometheus_client import CollectorRegistry
 from hvd_elastic.metrics import address as metrics_address
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
-from hvd_elastic.training import forksafe, shared_dir
-from hvd_elastic.training.compat import HostUpdateResult, notification_manager
+from hvd_elastic.training._internal import forksafe, shared_dir
+from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
-from hvd_elastic.training.elastic_loop import run_elastic
+from hvd_elastic.training._internal.elastic_loop import run_elastic
 from hvd_elastic.training.events import EventLog, describe_error
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
   tensors, moves only what ranks lack: digests of the buffer show which
   ranks already hold rank 0's committed tensors (survivors usually do), and
   those send the rest in disjoint stripes to the ranks that need it
-  (:mod:`~hvd_elastic.training.transfer`); a new rank's optimizer state is
+  (:mod:`~hvd_elastic.training._internal.transfer`); a new rank's optimizer state is
   created directly from the bytes (no dummy ``optimizer.step()``, so no
   parameter moves);
 * re-partitions the sampler and applies the :class:`BatchPolicy` after EVERY
@@ -52,8 +52,8 @@ What lives where: how each kind of object is committed is in
 :mod:`~hvd_elastic.training.components` (a registry of adapters); how batch
 size, LR and accumulation follow the world is in
 :mod:`~hvd_elastic.training.batching`; the snapshot format is in
-:mod:`~hvd_elastic.training.snapshot`; every private Horovod/torch attribute
-is in :mod:`~hvd_elastic.training.compat`.
+:mod:`~hvd_elastic.training._internal.snapshot`; every private Horovod/torch attribute
+is in :mod:`~hvd_elastic.training._internal.compat`.
 
 Snapshots
 ---------
@@ -76,12 +76,13 @@ import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
 
-from hvd_elastic.training import compat, forksafe, transfer
+from hvd_elastic.training._internal import compat, forksafe, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
-from hvd_elastic.training.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer, copy_tensors
-from hvd_elastic.training.rng import RNGState
-from hvd_elastic.training.snapshot import SNAPSHOT_FORMAT, tree_copy
+from hvd_elastic.training._internal.flat import (DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer,
+                                                 copy_tensors)
+from hvd_elastic.training._internal.rng import RNGState
+from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, tree_copy
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +308,7 @@ class TrainingState(State):
         its last commit, restore or sync (nothing but ``commit()`` checked for
         host updates since, and PyTorch's version counters did not move), every
         rank proves with digests of its commit buffer which tensors it already
-        holds exactly (:mod:`~hvd_elastic.training.transfer`), and only the
+        holds exactly (:mod:`~hvd_elastic.training._internal.transfer`), and only the
         rest moves: nothing after a failure all survivors restored from, the
         joiner's share after a join.  Otherwise rank 0 copies its live tensors
         and broadcasts them to everyone.  Changes made through ``.data``

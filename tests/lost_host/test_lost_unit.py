@@ -197,7 +197,7 @@ def test_an_acting_on_lost_is_called_once_per_failure():
 
 @pytest.fixture
 def hang_ups(monkeypatch):
-    from hvd_elastic.training import gloo_hangup
+    from hvd_elastic.training._internal import gloo_hangup
 
     calls = []
     monkeypatch.setattr(gloo_hangup, "hang_up", lambda why="": calls.append(why) or [7])
@@ -205,7 +205,7 @@ def hang_ups(monkeypatch):
 
 
 def test_the_cut_spares_a_failed_host_while_this_ranks_gloo_traffic_flows(hang_ups):
-    from hvd_elastic.training.health_cut import QUIET_S, HealthCut
+    from hvd_elastic.training._internal.health_cut import QUIET_S, HealthCut
 
     quiet = [0.01]
     cut = HealthCut("me", 1.0, quiet_for=lambda: quiet[0])
@@ -220,7 +220,7 @@ def test_the_cut_spares_a_failed_host_while_this_ranks_gloo_traffic_flows(hang_u
 
 
 def test_the_cut_acts_when_it_cannot_see_gloo_and_never_for_a_host_outside_the_world(hang_ups):
-    from hvd_elastic.training.health_cut import HealthCut
+    from hvd_elastic.training._internal.health_cut import HealthCut
 
     cut = HealthCut("me", 1.0, quiet_for=lambda: None)
     cut.set_world(["me", "a"])
@@ -318,7 +318,7 @@ def test_the_reaper_leaves_a_lost_host_that_still_answers_and_asks_it_again_late
 
 
 def test_both_sides_of_the_cut_are_on_by_default():
-    from hvd_elastic.training import health_cut
+    from hvd_elastic.training._internal import health_cut
 
     assert reaper.enabled({}) is True and health_cut.enabled({}) is True
     assert reaper.enabled({reaper.ENV: "0"}) is False and health_cut.enabled({health_cut.ENV: "0"}) is False

@@ -12,7 +12,7 @@ import pytest
 
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.local.realconsul import consul_cluster
-from hvd_elastic.nodeagent.agent import NodeAgent, Registration
+from hvd_elastic.nodeagent.loop import NodeAgent, Registration
 from hvd_elastic.nodeagent.probes import PASSING, Probe, ProbeResult
 from testbed import HVD_ELASTIC, REPO, child_env, start_node_agent, wait_until
 from testbed.consul import ScriptedServer, run_discovery, self_signed_cert

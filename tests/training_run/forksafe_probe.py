@@ -45,7 +45,7 @@ import threading
 import time
 
 from gloo_shapes import GlooLikeLoop
-from hvd_elastic.training import forksafe, gloo_hangup
+from hvd_elastic.training._internal import forksafe, gloo_hangup
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

@@ -49,7 +49,7 @@ import horovod.torch as hvd
 import hvd_elastic
 
 from testbed.worker import Indexed
-from hvd_elastic.training import forksafe, gloo_hangup
+from hvd_elastic.training._internal import forksafe, gloo_hangup
 from hvd_elastic.training.sampler import ExactlyOnceSampler
 from hvd_elastic.training.state import TrainingState
 

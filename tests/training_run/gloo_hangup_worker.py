@@ -21,7 +21,7 @@ import time
 import torch
 
 import horovod.torch as hvd
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training._internal import gloo_hangup
 
 out = sys.argv[1]
 PATIENCE = 20.0

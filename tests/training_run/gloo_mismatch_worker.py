@@ -18,7 +18,7 @@ import torch
 
 import horovod.torch as hvd
 import hvd_elastic
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training._internal import gloo_hangup
 from hvd_elastic.training.state import TrainingState
 
 OUT = os.environ["OUT"]

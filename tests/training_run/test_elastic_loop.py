@@ -13,7 +13,7 @@ import pytest
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from gloo_shapes import GlooLikeLoop
-from hvd_elastic.training import elastic_loop, gloo_hangup, health_cut
+from hvd_elastic.training._internal import elastic_loop, gloo_hangup, health_cut
 
 
 class RecordingState:

@@ -1,4 +1,4 @@
-"""hvd_elastic.training.forksafe without Horovod: a forked child releases the Gloo connections
+"""hvd_elastic.training._internal.forksafe without Horovod: a forked child releases the Gloo connections
 and keeps its own, which children die with their parent, the off switch and the unsupported platform.
 
 Gloo's loop is stood in for by gloo_shapes.GlooLikeLoop (real loopback connections in an epoll
@@ -23,7 +23,7 @@ from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
 from testbed import child_env
 from testbed.procs import is_alive, wait_dead
-from hvd_elastic.training import forksafe
+from hvd_elastic.training._internal import forksafe
 
 HERE = Path(__file__).parent
 PROBE = HERE / "forksafe_probe.py"

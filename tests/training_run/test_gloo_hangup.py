@@ -24,7 +24,7 @@ import pytest
 from gloo_shapes import GlooLikeLoop
 from hvd_elastic.consul.config import ConfigError
 from testbed import VENV_BIN, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training._internal import gloo_hangup
 
 WORKER = Path(__file__).with_name("gloo_hangup_worker.py")
 MISMATCH_WORKER = Path(__file__).with_name("gloo_mismatch_worker.py")

@@ -13,7 +13,8 @@ import torch
 
 import horovod.torch as hvd
 
-from hvd_elastic.training import runner, shared_dir
+from hvd_elastic.training import runner
+from hvd_elastic.training._internal import shared_dir
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.runner import RunConfig, run
 from hvd_elastic.training.state import TrainingState

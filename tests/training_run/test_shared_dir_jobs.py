@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from testbed import Job, child_env, horovodrun_elastic, host_file_discovery
-from hvd_elastic.training import shared_dir
+from hvd_elastic.training._internal import shared_dir
 from hvd_elastic.training.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hvd_elastic"
 
 
 def test_supported_versions_pass_and_others_fail_at_import_with_one_line():
-    from hvd_elastic.training import compat
+    from hvd_elastic.training._internal import compat
 
     compat.check_versions("0.28.1", "2.13.0+cpu")
     for horovod_version, torch_version, named in [("0.29.0", "2.13.0", "Horovod 0.29.0"),
@@ -30,8 +30,8 @@ def test_importing_with_an_unsupported_horovod_fails_there():
     code = "import horovod; horovod.__version__ = '0.30.0'; import hvd_elastic.training.state"
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "ImportError: hvd_elastic.training.compat uses private Horovod/torch attributes and found Horovod 0.30.0" \
-        in proc.stderr
+    assert ("ImportError: hvd_elastic.training._internal.compat uses private Horovod/torch attributes and found "
+            "Horovod 0.30.0") in proc.stderr
 
 
 # Private attributes of Horovod and torch objects that only compat.py may touch.

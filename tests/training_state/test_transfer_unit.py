@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hvd_elastic.training.flat import FlatBuffer, FlatLayout
-from hvd_elastic.training.transfer import Plan, digests, plan, stripe_bounds, units
+from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout
+from hvd_elastic.training._internal.transfer import Plan, digests, plan, stripe_bounds, units
 
 
 def buffer_of(tensors: dict[str, torch.Tensor]) -> FlatBuffer:

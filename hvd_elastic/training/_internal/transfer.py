@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 import torch
 import xxhash
 
-from hvd_elastic.training.flat import FlatBuffer, as_bytes
+from hvd_elastic.training._internal.flat import FlatBuffer, as_bytes
 
 #: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
 #: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.

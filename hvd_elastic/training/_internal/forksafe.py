@@ -23,7 +23,7 @@ before using either.  From then on, in every child of a Python-level fork
 StatefulDataLoader workers, ``socketserver.ForkingMixIn`` handlers):
 
 1. Gloo's connections are released: the TCP sockets of every event loop shaped
-   like Gloo's (:func:`hvd_elastic.training.gloo_hangup.gloo_endpoints`).
+   like Gloo's (:func:`hvd_elastic.training._internal.gloo_hangup.gloo_endpoints`).
    Nothing else is touched: the child's other inherited TCP sockets (a
    forking server's accepted connection, a pre-fork listener, a database
    connection handed to it) keep working, as do pipes, unix sockets
@@ -89,7 +89,7 @@ import threading
 
 from hvd_elastic.envvars import parse_bool
 from hvd_elastic.fds import FD_DIR, release
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training._internal import gloo_hangup
 
 log = logging.getLogger(__name__)
 

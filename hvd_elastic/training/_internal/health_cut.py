@@ -47,7 +47,7 @@ import threading
 
 from hvd_elastic.envvars import ConfigError, env_bool
 from hvd_elastic.discovery import lost
-from hvd_elastic.training import gloo_hangup
+from hvd_elastic.training._internal import gloo_hangup
 
 log = logging.getLogger(__name__)
 

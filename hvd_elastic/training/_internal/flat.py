@@ -216,7 +216,7 @@ def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.T
     """``dst.copy_(src)`` for every pair, batched, and finished before returning.
 
     Same-device pairs go through one batched foreach copy (one dispatch for the
-    lot: :func:`hvd_elastic.training.compat.foreach_copy`); device-to-host
+    lot: :func:`hvd_elastic.training._internal.compat.foreach_copy`); device-to-host
     copies are issued non-blocking into pinned memory and waited for once at
     the end.
     """
@@ -240,7 +240,7 @@ def copy_tensors(destinations: Sequence[torch.Tensor], sources: Sequence[torch.T
 
 
 def _foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    from hvd_elastic.training import compat  # imported on use: building layouts needs no Horovod
+    from hvd_elastic.training._internal import compat  # imported on use: building layouts needs no Horovod
 
     if compat.foreach_copy(dsts, srcs):
         return

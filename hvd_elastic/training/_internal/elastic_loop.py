@@ -38,8 +38,8 @@ from typing import Callable
 import torch
 
 import horovod.torch as hvd
-from hvd_elastic.training import gloo_hangup, health_cut
-from hvd_elastic.training.compat import notification_manager
+from hvd_elastic.training._internal import gloo_hangup, health_cut
+from hvd_elastic.training._internal.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 

@@ -70,7 +70,8 @@ def check_versions(horovod_version: str, torch_version: str) -> None:
         found.append(f"torch {torch_version} (written for {low[0]}.{low[1]} to {high[0]}.{high[1]})")
     if found:
         raise ImportError(
-            f"hvd_elastic.training.compat uses private Horovod/torch attributes and found {' and '.join(found)}: "
+            f"hvd_elastic.training._internal.compat uses private Horovod/torch attributes and found "
+            f"{' and '.join(found)}: "
             f"install a supported version, or re-check every internal listed in {__file__} and widen its "
             f"HOROVOD_VERSIONS/TORCH_VERSIONS"
         )

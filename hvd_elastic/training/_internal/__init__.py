@@ -1,0 +1,14 @@
+"""The training library's internals: nothing here is API, and any of it may change.
+
+* :mod:`.flat`, :mod:`.transfer`, :mod:`.snapshot`, :mod:`.rng` -- how
+  :class:`~hvd_elastic.training.state.TrainingState` lays out, moves and
+  checkpoints its tensors;
+* :mod:`.elastic_loop`, :mod:`.compat` -- the copy of Horovod's elastic loop
+  and every private Horovod/torch attribute the library depends on;
+* :mod:`.forksafe`, :mod:`.gloo_hangup`, :mod:`.health_cut`, :mod:`.shared_dir`
+  -- fork safety, the hang-up of stuck Gloo connections, the health-driven cut
+  and the shared checkpoint-directory check that :func:`hvd_elastic.run` turns on.
+
+What users import lives one level up: ``state``, ``runner``, ``sampler``,
+``batching``, ``checkpoint``, ``events`` and ``components``.
+"""
