@@ -13,15 +13,15 @@ an LR schedule, a global batch kept constant across resizes, mixed precision
 (``pip install hvd-elastic[torchdata]``; else a plain ``DataLoader``). Hosts
 may join or leave at any time (drain a node with ``hvd-elastic drain``), and a
 killed job restarted with the same ``--workdir`` resumes from its last durable
-checkpoint. Rank 0 appends one ``{"time", "epoch", "step", "size", "loss"}`` line
-per committed step to ``<workdir>/progress.jsonl``; ``<workdir>/events.jsonl`` holds
+checkpoint. ``run(progress_log=...)`` has rank 0 append one ``{"time", "size",
+"step", "epoch", "loss", ...}`` line per commit to ``<workdir>/progress.jsonl``
+(the state's numeric values: ``loss`` is one, set before each commit); ``<workdir>/events.jsonl`` holds
 the resets, syncs and checkpoint writes; ``hvd-elastic report <workdir>`` shows both.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -92,12 +92,12 @@ def main() -> None:
                     num_workers=args.loader_workers)
     scaler = torch.amp.GradScaler("cuda", enabled=cuda)  # AMP only where CUDA exists; a no-op on CPU
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], scaler=scaler, sampler=sampler,
-                          batch_policy=BatchPolicy.constant_global(args.global_batch), epoch=0, step=0)
-    progress_path = os.path.join(args.workdir, "progress.jsonl")
+                          batch_policy=BatchPolicy.constant_global(args.global_batch), epoch=0, step=0, loss=0.0)
 
     @hvd_elastic.run(checkpoint_dir=os.path.join(args.workdir, "checkpoints"),
                      checkpoint_every_commits=args.checkpoint_every,
-                     event_log=os.path.join(args.workdir, "events.jsonl"))
+                     event_log=os.path.join(args.workdir, "events.jsonl"),
+                     progress_log=os.path.join(args.workdir, "progress.jsonl"))
     def train(state: TrainingState) -> None:
         while state.epoch < args.epochs:
             sampler.set_epoch(state.epoch)
@@ -119,13 +119,9 @@ def main() -> None:
                     scaler.update()
                 else:
                     optimizer.step()
-                step_loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()  # the step's mean loss
+                state.loss = hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()  # the step's mean loss
                 time.sleep(args.step_delay)
-                state.commit_step()  # the step is done: sampler position, step count, commit
-                if hvd.rank() == 0:
-                    with open(progress_path, "a") as progress:
-                        progress.write(json.dumps({"time": time.time(), "epoch": state.epoch, "step": state.step,
-                                                   "size": hvd.size(), "loss": round(step_loss, 6)}) + "\n")
+                state.commit_step()  # the step is done: sampler position, step count, commit (and progress row)
             scheduler.step()
             state.epoch += 1
             state.commit()

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import socket
@@ -91,6 +92,12 @@ class RunConfig:
         checkpoint_on_exit: write the last commit when the function returns.
         event_log: JSON-lines file rank 0 appends events to; None disables it.
         log_commits: also log every commit (one short line each).
+        progress_log: JSON-lines file rank 0 appends one row to at every commit:
+            ``time``, ``size``, ``commit_count``, ``step`` (the state's ``step``
+            value, else the commit count) and every other number among the
+            state's user values (declare ``loss=0.0`` and set ``state.loss``
+            before the commit to log it); what ``hvd-elastic report`` draws.
+            None writes none.
         fresh_start_if_unreadable: when ``checkpoint_dir`` holds checkpoints and
             none of them loads, start from scratch instead of stopping with
             :class:`~hvd_elastic.training.checkpoint.UnreadableCheckpoints`.
@@ -111,6 +118,7 @@ class RunConfig:
     checkpoint_on_exit: bool = True
     event_log: str | os.PathLike | None = None
     log_commits: bool = True
+    progress_log: str | os.PathLike | None = None
     fresh_start_if_unreadable: bool = False
     checkpoint_dir_shared: bool = True
     metrics_addr: str | None = None
@@ -316,8 +324,20 @@ class _Session:
             if self.checkpoints.commit(self.state.snapshot, **meta):
                 self._last_checkpoint_commit = meta["commit_count"]
                 self.metrics.on_checkpoint_started()
+        if event == "commit" and self.config.progress_log is not None and self._rank == 0:
+            self._log_progress(fields.get("commit_count"))
         if event != "commit" or self.config.log_commits:
             self._emit(event, **fields)
+
+    def _log_progress(self, commit_count: int | None) -> None:
+        values = getattr(self.state, "values", None) or {}
+        numbers = {k: v for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        row = {"time": time.time(), "size": hvd.size(), "commit_count": commit_count,
+               "step": numbers.pop("step", commit_count), **numbers}
+        # One short line per O_APPEND write: whole rows, whichever process is rank 0 now.
+        with open(self.config.progress_log, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def _measure(self, event: str, fields: dict) -> None:
         """Feed the job's metrics from one of the state's events (every rank)."""

@@ -101,3 +101,22 @@ def test_bad_settings_and_states_are_rejected(tmp_path):
     with pytest.raises(TypeError, match="TorchState lacks snapshot, load_snapshot, add_listener"):
         run(checkpoint_dir=tmp_path)(train_until)(horovod_state, 1)
 
+
+
+def test_progress_log_has_a_row_per_commit_with_the_states_numbers(tmp_path):
+    progress = tmp_path / "progress.jsonl"
+    state = make_state(epoch=3, loss=0.0, note="not a number", best=None)
+
+    @run(progress_log=progress)
+    def train(state):
+        for _ in range(3):
+            state.loss = state.step / 10
+            state.step += 1
+            state.commit()
+
+    train(state)
+    rows = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["loss"] for r in rows] == [0.0, 0.1, 0.2]
+    assert all(r["size"] == 1 and r["epoch"] == 3 and r["time"] > 0 and set(r) == {
+        "time", "size", "commit_count", "step", "epoch", "loss"} for r in rows)
+    assert [r["commit_count"] for r in rows] == [1, 2, 3]
