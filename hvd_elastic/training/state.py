@@ -79,8 +79,7 @@ from horovod.common.elastic import State
 from hvd_elastic.training._internal import compat, forksafe, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
-from hvd_elastic.training._internal.flat import (DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, broadcast_buffer,
-                                                 copy_tensors)
+from hvd_elastic.training._internal.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, copy_tensors
 from hvd_elastic.training._internal.rng import RNGState
 from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, tree_copy
 
@@ -355,17 +354,14 @@ class TrainingState(State):
                 done.update(self._unpack(buffer, indices, targets))
 
             wire = time.perf_counter()
-            if fresh:
-                moved = broadcast_buffer(buffer, root_rank=0, rank=rank, name="hvd_elastic.sync.bucket",
-                                         fill=fill, unpack=unpack, bucket_bytes=self.bucket_bytes)
-                moved = moved if chosen.receivers else 0  # alone, rank 0 only copied
-                sent, received = (moved, 0) if rank == 0 else (0, moved)
-                method = "broadcast" if chosen.receivers else "none"
-            else:
-                todo = transfer.units(buffer, chosen, self.bucket_bytes)
-                sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket", unpack=unpack,
-                                                   window_bytes=2 * self.bucket_bytes)
-                method = transfer.methods(todo)
+            todo = transfer.units(buffer, chosen, self.bucket_bytes)
+            copying = fresh and rank == 0
+            if copying and not todo:
+                buffer.copy_from(live)  # alone: nobody to send to, but the copy is still the commit
+            sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket",
+                                               fill=fill if copying else None, unpack=unpack,
+                                               window_bytes=2 * self.bucket_bytes)
+            method = transfer.methods(todo)
             wire = time.perf_counter() - wire
             self._meta = meta
             self._lineage = tuple(header["lineage"])

@@ -1,12 +1,12 @@
-"""Flat host buffers for committed tensors, and their bucketed broadcast.
+"""Flat host buffers for committed tensors, and their buckets.
 
 A :class:`FlatLayout` describes an ordered list of tensors (key, dtype, shape)
 as ranges of a few preallocated host buffers, one per dtype
 (:class:`FlatBuffer`); every tensor is a view into its dtype's buffer.
 Committing is then one ``copy_`` per tensor into memory that already exists
 (no allocation, no ``deepcopy``, no second device copy), and a sync after a
-reset moves each buffer with a handful of large broadcasts instead of one
-collective per tensor.
+reset moves ranges of it in a handful of large collectives instead of one per
+tensor (:mod:`.transfer`).
 
 One buffer per dtype (rather than one byte buffer for all) keeps every view
 an ordinary tensor of its storage's own type, so a snapshot of views
@@ -16,12 +16,12 @@ serializes with ``torch.save`` as one storage per dtype.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
 #: Default bucket size of a sync: large enough that per-collective overhead
-#: vanishes, small enough that copying one bucket overlaps broadcasting the next.
+#: vanishes, small enough that copying one bucket overlaps sending the next.
 DEFAULT_BUCKET_BYTES = 64 << 20
 
 
@@ -145,16 +145,17 @@ class FlatBuffer:
                 if current:
                     first = self.layout.specs[current[0]]
                     if (spec.offset + spec.numel - first.offset) * itemsize > bucket_bytes:
-                        buckets.append(self._bucket(dtype, current))
+                        buckets.append(Bucket(current, self.span(current)))
                         current = []
                 current.append(i)
             if current:
-                buckets.append(self._bucket(dtype, current))
+                buckets.append(Bucket(current, self.span(current)))
         return buckets
 
-    def _bucket(self, dtype: torch.dtype, indices: list[int]) -> "Bucket":
+    def span(self, indices: Sequence[int]) -> torch.Tensor:
+        """The contiguous range of one dtype's buffer from tensor ``indices[0]`` to ``indices[-1]``."""
         first, last = self.layout.specs[indices[0]], self.layout.specs[indices[-1]]
-        return Bucket(indices, self.storage[dtype][first.offset : last.offset + last.numel])
+        return self.storage[first.dtype][first.offset: last.offset + last.numel]
 
 
 @dataclasses.dataclass
@@ -163,47 +164,6 @@ class Bucket:
 
     indices: list[int]
     data: torch.Tensor
-
-
-def broadcast_buffer(
-    buffer: FlatBuffer,
-    *,
-    root_rank: int,
-    rank: int,
-    name: str,
-    fill: Callable[[list[int]], None] | None = None,
-    unpack: Callable[[list[int]], None] | None = None,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-) -> int:
-    """Broadcast ``buffer`` from ``root_rank`` in large buckets, pipelined.
-
-    On the root, ``fill(indices)`` is called for each bucket just before it is
-    sent, so copying bucket ``i+1`` from the live tensors overlaps sending
-    bucket ``i``.  On the other ranks, ``unpack(indices)`` is called as soon as
-    bucket ``i`` has arrived, overlapping the receipt of the next one.  All
-    ranks must pass buffers of the same layout.  Returns the bytes moved.
-    """
-    import horovod.torch as hvd
-
-    buckets = buffer.buckets(bucket_bytes)
-    if rank == root_rank:
-        handles = []
-        for i, bucket in enumerate(buckets):
-            if fill is not None:
-                fill(bucket.indices)
-            handles.append(hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}"))
-        for handle in handles:
-            hvd.synchronize(handle)
-    else:
-        handles = [
-            hvd.broadcast_async_(as_bytes(bucket.data), root_rank, name=f"{name}.{i}")
-            for i, bucket in enumerate(buckets)
-        ]
-        for bucket, handle in zip(buckets, handles):
-            hvd.synchronize(handle)
-            if unpack is not None:
-                unpack(bucket.indices)
-    return sum(b.data.numel() * b.data.element_size() for b in buckets)
 
 
 def as_bytes(data: torch.Tensor) -> torch.Tensor:

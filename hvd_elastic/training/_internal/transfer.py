@@ -52,7 +52,7 @@ from hvd_elastic.training._internal.flat import FlatBuffer, as_bytes
 
 #: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
 #: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.
-HAS_STATE, NO_STATE = 1, 0
+HAS_STATE = 1
 
 
 def new_lineage() -> tuple[int, int]:
@@ -71,8 +71,8 @@ def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:
         return table
     table[0, 0] = HAS_STATE
     rows = table.numpy()
-    for i, spec in enumerate(buffer.layout.specs):
-        raw = as_bytes(buffer.storage[spec.dtype][spec.offset: spec.offset + spec.numel])
+    for i in range(len(buffer.layout)):
+        raw = as_bytes(buffer.span([i]))
         h = xxhash.xxh3_128_intdigest(raw.numpy())
         # Two's-complement halves: the table is int64, the digest an unsigned 128-bit int.
         rows[1 + i] = (_signed(h >> 64), _signed(h & 0xFFFF_FFFF_FFFF_FFFF))
@@ -159,10 +159,8 @@ def units(buffer: FlatBuffer, chosen: Plan, bucket_bytes: int) -> list[Unit]:
 
 
 def _unit(buffer: FlatBuffer, indices: list[int], receivers: tuple[int, ...], size: int) -> Unit:
-    first, last = buffer.layout.specs[indices[0]], buffer.layout.specs[indices[-1]]
-    data = buffer.storage[first.dtype][first.offset: last.offset + last.numel]
     donors = tuple(r for r in range(size) if r not in receivers)
-    return Unit(tuple(indices), data, receivers, donors)
+    return Unit(tuple(indices), buffer.span(indices), receivers, donors)
 
 
 def methods(todo: Sequence[Unit]) -> str:
@@ -176,12 +174,14 @@ def stripe_bounds(length: int, donors: int) -> list[int]:
     return [length * k // donors for k in range(donors + 1)]
 
 
-def transfer(todo: Sequence[Unit], *, rank: int, name: str,
+def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list[int]], None] | None = None,
              unpack: Callable[[list[int]], None] | None = None, window_bytes: int) -> tuple[int, int]:
     """Move every unit of ``todo`` (from :func:`units`) into the buffers of its receivers.
 
     Collective: every rank calls it with the same units of a buffer of the
-    same layout.  On a receiver ``unpack(indices)`` is called for each unit as
+    same layout.  ``fill(indices)``, when given, is called just before a unit
+    is sent (rank 0 copies its live tensors in while the previous unit is on
+    the wire).  On a receiver ``unpack(indices)`` is called for each unit as
     soon as it has arrived, while later units are on the wire; at most about
     ``window_bytes`` are in flight (a receiver's scratch memory).  Returns
     ``(bytes sent, bytes received)`` by this rank.
@@ -205,6 +205,8 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str,
         return _nbytes(unit.data)
 
     for i, unit in enumerate(todo):
+        if fill is not None:
+            fill(list(unit.indices))
         raw = as_bytes(unit.data)
         if unit.method == "broadcast":
             handle = hvd.broadcast_async_(raw, 0, name=f"{name}.{i}")
