@@ -8,6 +8,7 @@ command with the environment it would have in a pod.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Iterator, Mapping
@@ -132,18 +133,46 @@ _SHELL_OPS = {"&&", "||", ";", "|", "&"}
 
 
 def shell_commands(script: str, env: Mapping[str, str]) -> list[list[str]]:
-    """The simple commands of a POSIX ``sh -c`` script, ``"$VAR"`` taken from ``env`` (no other shell syntax)."""
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    commands, current = [], []
-    for token in lexer:
-        if token in _SHELL_OPS:
-            commands.append(current)
-            current = []
-        else:
-            current.append(re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), ""), token))
-    commands.append(current)
+    """The simple commands of a POSIX shell script, ``"$VAR"`` taken from ``env``.
+
+    Commands end at a newline (a backslash continues the line), ``;``, ``&``, ``&&``, ``|`` or ``||``;
+    ``#`` comments are dropped.  No other shell syntax is understood: ``while``, ``do``, ``trap`` and the
+    like come out as commands of their own, which no test takes for ``hvd-elastic``.
+    """
+    commands = []
+    for line in script.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        current: list[str] = []
+        for token in lexer:
+            if token in _SHELL_OPS:
+                commands.append(current)
+                current = []
+            else:
+                current.append(re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), ""), token))
+        commands.append(current)
     return [c for c in commands if c]
+
+
+def mounted_configmap_file(pod: Pod, container: dict, path: str) -> str | None:
+    """The text of ``path`` in ``container`` when a ConfigMap volume of the pod provides that file, else None."""
+    volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        source = volumes.get(mount["name"], {}).get("configMap")
+        if source is None:
+            continue
+        if "subPath" in mount:
+            relative = mount["subPath"] if path == mount["mountPath"] else None
+        elif os.path.dirname(path) == mount["mountPath"].rstrip("/"):
+            relative = os.path.basename(path)
+        else:
+            relative = None
+        keys = {item["path"]: item["key"] for item in source.get("items", [])} or None
+        key = relative if keys is None else keys.get(relative)
+        data = configmaps().get(source["name"], {})
+        if key in data:
+            return data[key]
+    return None
 
 
 def commands(pod: Pod, container: dict, env: Mapping[str, str]) -> Iterator[Command]:
@@ -153,6 +182,10 @@ def commands(pod: Pod, container: dict, env: Mapping[str, str]) -> Iterator[Comm
     if main[:2] == ["/bin/sh", "-c"] and len(main) == 3:
         for argv in shell_commands(main[2], env):
             yield Command(f"{where} (sh -c)", container, argv, hook=False)
+    elif main[:1] == ["/bin/sh"] and len(main) == 2 and (script := mounted_configmap_file(pod, container, main[1])):
+        # The worker's entrypoint: a script the pod mounts from a ConfigMap.
+        for argv in shell_commands(script, env):
+            yield Command(f"{where} (entrypoint)", container, argv, hook=False)
     elif program(main[:1] or [""]) == "hvd-elastic" and main[1:2] == ["launch"] and "--" in main:
         # hvd-elastic launch [its options] -- COMMAND: two argument lists, each for its own parser.
         split = main.index("--")

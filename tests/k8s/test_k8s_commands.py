@@ -23,7 +23,7 @@ import pytest
 
 from hvd_elastic import cli
 from hvd_elastic.options import consul_config
-from k8s_manifests import IMAGE_BIN, REPO, Command, Pod, commands, pods, program, render_env, resources
+from k8s_manifests import IMAGE_BIN, REPO, Command, Pod, commands, configmaps, pods, program, render_env, resources
 
 HVD_ELASTIC = Path(sys.executable).parent / "hvd-elastic"
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
@@ -64,7 +64,8 @@ def dry_parse(argv: list[str], env: dict[str, str], monkeypatch) -> argparse.Nam
 
 def test_the_manifests_run_hvd_elastic_in_every_role():
     roles = {(cmd.argv[1], cmd.hook) for _, _, cmd in hvd_commands()}
-    assert roles == {("node-agent", False), ("drain", True), ("undrain", False), ("launch", False)}, roles
+    assert roles == {("node-agent", False), ("drain", True), ("undrain", False), ("launch", False),
+                     ("standby", False)}, roles
     assert all(cmd.argv[0] == f"{IMAGE_BIN}/hvd-elastic" for _, _, cmd in hvd_commands())
 
 
@@ -80,6 +81,11 @@ def test_hvd_elastic_commands_parse_with_the_pods_environment(pod, container, cm
     if args.command == "launch":  # relaunches the horovodrun that follows it (checked as horovodrun's below)
         assert args.max_restarts >= 1 and args.argv == []
         return
+    standby = configmaps()["hvd-elastic-standby"]
+    if args.command == "standby":  # the worker container's entrypoint (more in the standby tests below)
+        assert args.name == standby["HVD_ELASTIC_STANDBY"] and args.preload
+        assert ",".join(args.preload) == standby["HVD_ELASTIC_STANDBY_PRELOAD"]
+        return
     config = consul_config(args)
     # The Consul client agent of the pod's own node (the Helm chart's DaemonSet), with the token from its file.
     assert config.base_url == "http://10.0.7.21:8500" and config.token == "s3cret-token"
@@ -94,6 +100,9 @@ def test_hvd_elastic_commands_parse_with_the_pods_environment(pod, container, cm
         assert args.slots == int(pod.metadata["annotations"]["hvd-elastic/slots"])
         assert args.probes is None and env["HVD_ELASTIC_PROBES"] == "memory,disk"
         assert args.checkpoint_path == "/checkpoints" and args.leave_timeout == 0
+        # Withheld from discovery until the worker container's standby answers, at most the ConfigMap's wait.
+        assert args.standby == standby["HVD_ELASTIC_STANDBY"] and "--standby" in cmd.argv
+        assert args.standby_wait == float(standby["HVD_ELASTIC_STANDBY_WAIT"]) > 0
         expected = "10.244.3.17" if "MPIJob" in pod.where else "hvd-worker-3.hvd-worker.team-a.svc"
         assert args.address == expected
 
@@ -121,18 +130,21 @@ def test_horovodrun_arguments_are_horovods(pod, container, cmd, horovodrun_help,
 
     argv = cmd.argv
     assert argv[0] == f"{IMAGE_BIN}/horovodrun"
-    flags = [arg for arg in argv[:argv.index("python")] if arg.startswith("-")]
-    for flag in flags:
-        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}[\s,=\]]", horovodrun_help,
-                         re.M), f"horovodrun --help has no {flag}"
     monkeypatch.setattr(sys, "argv", ["horovodrun", *argv[1:]])
     try:
         args = launch.parse_args()
     except SystemExit as exc:
         pytest.fail(f"horovodrun refused {argv[1:]} (exit {exc.code})")
+    assert args.command and argv[-len(args.command):] == args.command
+    flags = [arg for arg in argv[:-len(args.command)] if arg.startswith("-")]
+    for flag in flags:
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}[\s,=\]]", horovodrun_help,
+                         re.M), f"horovodrun --help has no {flag}"
     assert (args.num_proc, args.min_num_proc, args.max_num_proc) == (2, 1, 16)
     assert args.host_discovery_script == f"{IMAGE_BIN}/consul_hosts"
-    assert args.command == ["python", "examples/train_elastic.py", "--workdir", "/checkpoints/run1"]
+    name = configmaps()["hvd-elastic-standby"]["HVD_ELASTIC_STANDBY"]
+    assert args.command == [f"{IMAGE_BIN}/hvd-elastic", "exec", "--standby", name, "--", f"{IMAGE_BIN}/python",
+                            "examples/train_elastic.py", "--workdir", "/checkpoints/run1"]
     assert (REPO / "examples" / "train_elastic.py").exists() and container["workingDir"] == "/opt/hvd-elastic"
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
@@ -254,3 +266,186 @@ def test_readmes_secret_commands_make_what_the_pods_mount():
 
 
 LAUNCHER_POD = next(pod for pod in pods() if pod.where.startswith("statefulset/launcher-job.yaml"))
+
+
+# ------------------------------------------------------------------------------------------------- warm standbys
+
+STANDBY = configmaps()["hvd-elastic-standby"]
+#: A user switch between the entrypoint and the standby would fork workers as another user than ssh's.
+USER_SWITCHES = {"su", "sudo", "runuser", "setpriv", "gosu", "su-exec", "chpst", "setuidgid", "capsh", "chroot",
+                 "nsenter", "unshare"}
+
+
+def worker_pods() -> list[Pod]:
+    return [pod for pod in pods() if any(c["name"] == "node-agent" for c in pod.containers())]
+
+
+def shape_of(pod: Pod) -> str:
+    return pod.where.split("/", 1)[0]  # statefulset or mpijob
+
+
+def entrypoint_commands(pod: Pod) -> list[tuple[dict, Command]]:
+    """Every argument list the pod's containers run from a ConfigMap-mounted entrypoint script."""
+    return [(c, cmd) for c in pod.containers() for cmd in commands(pod, c, render_env(pod, c, FIELDS))
+            if cmd.where.endswith("(entrypoint)")]
+
+
+def standby_container(pod: Pod) -> tuple[dict, Command]:
+    found = [(c, cmd) for c, cmd in entrypoint_commands(pod)
+             if program(cmd.argv) == "hvd-elastic" and cmd.argv[1:2] == ["standby"]]
+    assert len(found) == 1, f"{pod.where}: {len(found)} standbys"
+    return found[0]
+
+
+def run_as_user(pod: Pod, container: dict) -> int | None:
+    for context in (container.get("securityContext", {}), pod.spec.get("securityContext", {})):
+        if "runAsUser" in context:
+            return context["runAsUser"]
+    return None
+
+
+def mount_of(container: dict, path: str, pod: Pod) -> tuple[str, dict]:
+    """(mount path, volume) of the volume that holds ``path`` in ``container`` (the deepest mount above it)."""
+    volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+    above = [m for m in container.get("volumeMounts", [])
+             if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert above, f"{pod.where}: {container['name']} has no volume holding {path}"
+    mount = max(above, key=lambda m: len(m["mountPath"]))
+    return mount["mountPath"], volumes[mount["name"]]
+
+
+@pytest.mark.parametrize("launcher", launchers(), ids=ids(launchers()))
+def test_the_worker_command_goes_through_the_standby_the_pods_run_and_gate_on(launcher, monkeypatch):
+    """horovodrun's worker command is ``hvd-elastic exec --standby NAME -- PYTHON ...``, NAME being the standby that
+    the worker pods of the same shape start and their node agents wait for, and it finds that standby's socket."""
+    from horovod.runner import launch as horovod_launch
+    from horovod.runner.common.util.env import is_exportable
+
+    from hvd_elastic.standby import launch, protocol
+
+    pod, container, cmd = launcher
+    monkeypatch.setattr(sys, "argv", ["horovodrun", *cmd.argv[1:]])
+    worker_command = horovod_launch.parse_args().command
+    launcher_env = render_env(pod, container, FIELDS)
+    # hvd-elastic's own parsers: the full CLI's (argparse) and the fast path the console script really takes.
+    assert worker_command[0] == f"{IMAGE_BIN}/hvd-elastic" and worker_command[1] == "exec", worker_command
+    args = dry_parse(worker_command, launcher_env, monkeypatch)  # exec's positional is its dest "command"
+    name, command = launch.parse(worker_command[2:])
+    assert worker_command[2:5] == ["--standby", name, "--"] and name == args.standby
+    assert args.command == ["--", *command]
+    assert command == [f"{IMAGE_BIN}/python", "examples/train_elastic.py", "--workdir", "/checkpoints/run1"]
+
+    (workers,) = [p for p in worker_pods() if shape_of(p) == shape_of(pod)]
+    agent = workers.container("node-agent")
+    (agent_cmd,) = [c for c in commands(workers, agent, render_env(workers, agent, FIELDS))]
+    worker, standby_cmd = standby_container(workers)
+    standby_args = dry_parse(standby_cmd.argv, render_env(workers, worker, FIELDS), monkeypatch)
+    agent_args = dry_parse(agent_cmd.argv, render_env(workers, agent, FIELDS), monkeypatch)
+    assert name == standby_args.name == agent_args.standby == STANDBY["HVD_ELASTIC_STANDBY"], (
+        name, standby_args.name, agent_args.standby)
+    # The standby forks only for its own interpreter (sys.executable): the venv's python, in the same bin as the
+    # hvd-elastic it is started as, which is the directory the launcher's equality check compares.
+    assert standby_cmd.argv[0] == f"{IMAGE_BIN}/hvd-elastic" and os.path.dirname(command[0]) == IMAGE_BIN
+
+    # The socket: the exec runs in an ssh session with none of the pod's variables, only what horovodrun copies
+    # from the launcher's environment; the standby and the node agent read the pod's.
+    directories = {render_env(workers, c, FIELDS).get(protocol.DIR_ENV) for c in (worker, agent)}
+    assert directories == {launcher_env[protocol.DIR_ENV]} and is_exportable(protocol.DIR_ENV), directories
+    monkeypatch.setenv(protocol.DIR_ENV, launcher_env[protocol.DIR_ENV])
+    socket_dir = protocol.socket_path(name).parent  # raises if the path is over a Unix socket's 107 bytes
+    shared = {mount_of(c, str(socket_dir), workers)[0] for c in (worker, agent)}
+    assert len(shared) == 1, f"the worker container and the node agent see the socket under {shared}"
+    (mount_path,) = shared
+    for c in (worker, agent):
+        volume = mount_of(c, str(socket_dir), workers)[1]
+        assert "emptyDir" in volume and volume["name"] == "standby-socket", volume
+    # A directory of the standby's own below the mount: an emptyDir is 0777, which the standby refuses.
+    assert str(socket_dir.parent) == mount_path != str(socket_dir)
+
+
+@pytest.mark.parametrize("pod", worker_pods(), ids=[p.where for p in worker_pods()])
+def test_the_standby_runs_as_the_ssh_user_with_what_an_ssh_worker_has(pod):
+    worker, standby_cmd = standby_container(pod)
+    script = [cmd.argv for c, cmd in entrypoint_commands(pod) if c is worker]
+    # In the container where sshd runs, so horovodrun's ssh sessions (and their direct workers) and the standby's
+    # forked workers share one container: its GPUs, mounts, image and limits.
+    assert any(program(argv) == "sshd" for argv in script), script
+    assert worker is pod.spec["containers"][0] and worker["name"] == "worker"
+    assert worker["ports"][0]["containerPort"] == 22
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert {m["mountPath"] for m in worker["volumeMounts"]} >= {"/checkpoints", "/dev/shm"}
+    for other in pod.containers():  # nothing the forked workers need lives in another container
+        if other is not worker:
+            assert "nvidia.com/gpu" not in other.get("resources", {}).get("limits", {}), other["name"]
+            assert "/dev/shm" not in {m["mountPath"] for m in other.get("volumeMounts", [])}, other["name"]
+    # The ssh user is root (its keys in /root/.ssh, root logins by key) and so is the container, with no user
+    # switch on the way to the standby; the node agent's gate asks as the same uid (SO_PEERCRED).
+    if "MPIJob" in pod.where:
+        (mpijob,) = [doc for _, doc in resources() if doc["kind"] == "MPIJob"]
+        assert mpijob["spec"]["sshAuthMountPath"] == "/root/.ssh"
+    else:
+        assert "/root/.ssh" in {m["mountPath"] for m in worker["volumeMounts"]}
+    (sshd,) = [argv for argv in script if program(argv) == "sshd"]
+    assert "PermitRootLogin=prohibit-password" in sshd and "-D" in sshd  # foreground: the entrypoint waits on it
+    assert run_as_user(pod, worker) == 0 == run_as_user(pod, pod.container("node-agent"))
+    assert not [argv for argv in script if program(argv) in USER_SWITCHES], script
+    # The standby's environment is the container's: no horovodrun marker in it, or the preStop drain would count
+    # the standby itself as a worker still running and always wait to its deadline.
+    from hvd_elastic.nodeagent.leave import WORKER_MARKERS
+
+    assert not set(WORKER_MARKERS) & render_env(pod, worker, FIELDS).keys()
+
+
+def test_the_entrypoint_starts_the_standby_and_sshd_in_the_background_and_forwards_stop_signals():
+    """The script as text: what the parsed argument lists cannot show (``&``, the trap)."""
+    script = configmaps()["hvd-elastic-worker-entrypoint"]["worker-entrypoint.sh"]
+    lines = [line.strip() for line in script.splitlines()]
+    standby = [line for line in lines if line.startswith(f"{IMAGE_BIN}/hvd-elastic standby ")]
+    sshd = [line for line in lines if line.startswith("/usr/sbin/sshd ")]
+    assert len(standby) == len(sshd) == 1 and standby[0].endswith(" &") and sshd[0].endswith(" &"), (standby, sshd)
+    assert not [line for line in lines if line.startswith("exec ")]  # PID 1 stays the shell with the trap
+    (trap,) = [line for line in lines if line.startswith("trap ")]
+    assert trap.endswith(" TERM INT") and lines.index(trap) < lines.index(standby[0])
+    assert 'while kill -0 "$standby" 2>/dev/null; do wait "$standby"; done' in lines  # outlives the standby's workers
+    for pod in worker_pods():
+        worker, _ = standby_container(pod)
+        assert worker["command"] == ["/bin/sh", "/etc/hvd-elastic/entrypoint/worker-entrypoint.sh"]
+
+
+def test_the_default_preload_is_the_example_scripts_heavy_imports():
+    import ast
+
+    from hvd_elastic import _LAZY
+    from hvd_elastic.standby.server import BASE_MODULES, _modules
+
+    tree = ast.parse((REPO / "examples" / "train_elastic.py").read_text())
+    optional = {id(node) for handler in ast.walk(tree) if isinstance(handler, ast.Try)
+                for node in ast.walk(handler) if any(isinstance(h.type, ast.Name) and h.type.id == "ImportError"
+                                                     for h in handler.handlers)}
+    imported, lazy = set(), set()
+    for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            if node.module == "hvd_elastic":
+                lazy |= {_LAZY[alias.name] for alias in node.names if alias.name in _LAZY}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "hvd_elastic":
+            lazy |= {_LAZY[node.attr]} if node.attr in _LAZY else set()
+    heavy = {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"}
+    expected = (heavy | lazy) - set(BASE_MODULES) - {"hvd_elastic"}  # the package itself exports lazily: cheap
+    assert "hvd_elastic.training.runner" in lazy and "torch.utils.data" in expected
+    assert set(_modules(STANDBY["HVD_ELASTIC_STANDBY_PRELOAD"])) == expected
+
+
+def test_no_probe_asks_the_standby():
+    """The node agent's gate withholds a pod whose standby is not ready; no probe of Kubernetes' may add to it (a
+    failing readiness or liveness probe would take the pod's sshd, and its running workers, with it)."""
+    for pod in pods():
+        for container in pod.containers():
+            for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+                text = str(container.get(kind, ""))
+                assert "standby" not in text and STANDBY["HVD_ELASTIC_STANDBY_DIR"] not in text, (
+                    f"{pod.where}: {container['name']} {kind} asks the standby")

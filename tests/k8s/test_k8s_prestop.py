@@ -6,21 +6,30 @@ pod's node-agent sidecar, its preStop drain and its lift-stale-drain init contai
 manifest states them, in the environment the kubelet would build (:func:`render_env`), with only
 what a test must change: the ConfigMap's Consul port (the test agent's), the token file's path (a
 file of the test's), the binaries' folder (this venv's), the memory/disk probes' thresholds and
-folder, and, where the test says so, the preStop's ``--wait`` (the manifest's 270 s where it
-matters).  A "Horovod worker" is a process with horovodrun's environment markers, which is all
-``drain --wait`` looks for (tests/nodeagent/test_leave.py).
+folder, the standby's socket directory (one per pod, as the pod's emptyDir is, in a short folder of
+the test's: a Unix socket's path holds 107 bytes), and, where the test says so, the preStop's
+``--wait`` (the manifest's 270 s where it matters).  A "Horovod worker" is a process with
+horovodrun's environment markers, which is all ``drain --wait`` looks for
+(tests/nodeagent/test_leave.py).  The worker container's standby is :class:`AnsweringStandby`: what
+the sidecar's gate asks of it, without its imports (tests/k8s/test_k8s_entrypoint.py runs the real
+one).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from hvd_elastic.nodeagent import leave
+from hvd_elastic.standby import protocol
 from testbed import Job, child_env, wait_until
 from testbed.consul import consul_request, refused_address, run_discovery
 from hvd_elastic.local.realconsul import consul_cluster
@@ -40,9 +49,10 @@ def local(argv: list[str]) -> list[str]:
 class PodEnv:
     """Environments and commands of the pods of one Kubernetes node whose Consul client agent is at ``addr``."""
 
-    def __init__(self, addr: str, tmp_path: Path):
+    def __init__(self, addr: str, tmp_path: Path, sockets: Path):
         self.port = addr.rsplit(":", 1)[1]
         self.tmp_path = tmp_path
+        self.sockets = sockets
         self.token = tmp_path / "consul-token"
         self.token.write_text("")  # ACLs off on the test agent: the Secret holds an empty token
         self.token.chmod(0o400)
@@ -57,7 +67,13 @@ class PodEnv:
         if "HVD_ELASTIC_CHECKPOINT_DIR" in env:  # the disk probe's folder: /checkpoints is the PVC's
             env.update(HVD_ELASTIC_CHECKPOINT_DIR=str(self.tmp_path), HVD_ELASTIC_MIN_FREE_DISK="1K",
                        HVD_ELASTIC_MIN_FREE_MEMORY="1K")
+        if protocol.DIR_ENV in env:  # the pod's emptyDir, one per pod
+            assert env[protocol.DIR_ENV] == "/run/hvd-elastic/standby"
+            env[protocol.DIR_ENV] = str(self.standby_dir(name))
         return child_env(discovery_state=self.tmp_path, **env)
+
+    def standby_dir(self, name: str) -> Path:
+        return self.sockets / name / "standby"
 
     def command(self, container: str, name: str = "hvd-worker-0", *, hook: bool) -> tuple[Command, dict[str, str]]:
         env = self.env(STS, container, name)
@@ -73,19 +89,63 @@ def pod_names(listing: str) -> set[str]:
     return {line.split(".", 1)[0] for line in listing.splitlines()}
 
 
+class AnsweringStandby:
+    """The worker container's ``hvd-elastic standby`` as the node agent's gate sees it: a socket that greets every
+    connection with this code's fingerprint from this network namespace (the pod's, shared by its containers)."""
+
+    def __init__(self, directory: Path, name: str):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = directory / f"standby-{name}.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(self.path))
+        self.sock.listen(8)
+        self.sock.settimeout(0.1)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        hello = {"hello": protocol.fingerprint(), "python": sys.executable, "pid": os.getpid(),
+                 "netns": protocol.network_namespace()}
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                protocol.send(conn, hello)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(WAIT)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
 @pytest.fixture
-def node(consul_kind, tmp_path):
+def sockets():
+    """A short folder for the pods' standby sockets (a pytest tmp_path is too long for a Unix socket's address)."""
+    with tempfile.TemporaryDirectory(prefix="k8s-", dir="/tmp") as folder:
+        yield Path(folder)
+
+
+@pytest.fixture
+def node(consul_kind, tmp_path, sockets):
     with consul_cluster(consul_kind, ["gpu-node-1"]) as cluster:
-        yield PodEnv(cluster.addr("gpu-node-1"), tmp_path)
+        yield PodEnv(cluster.addr("gpu-node-1"), tmp_path, sockets)
 
 
 @pytest.fixture
 def sidecars(node, tmp_path):
-    """Start the node-agent sidecar of a pod (the manifest's argv and env); all killed at teardown."""
+    """Start the node-agent sidecar of a pod (the manifest's argv and env), by default with its worker container's
+    standby answering; all stopped at teardown."""
     jobs: list[Job] = []
+    standbys: dict[str, AnsweringStandby] = {}  # by pod name: a pod started again finds its standby there
 
-    def start(name: str) -> Job:
+    def start(name: str, standby: bool = True) -> Job:
         cmd, env = node.command("node-agent", name, hook=False)
+        if standby and name not in standbys:
+            standbys[name] = AnsweringStandby(node.standby_dir(name), env["HVD_ELASTIC_STANDBY"])
         job = Job(local(cmd.argv), env=env, logdir=tmp_path, name=f"{name}.node-agent.{len(jobs)}").start()
         jobs.append(job)
         return job
@@ -93,6 +153,8 @@ def sidecars(node, tmp_path):
     yield start
     for job in jobs:
         job.kill()
+    for standby in standbys.values():
+        standby.close()
 
 
 @pytest.fixture
@@ -120,17 +182,18 @@ def run(cmd: Command, env: dict[str, str], *replace: tuple[str, str],
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_commands_under_test_are_the_manifests(tmp_path):
+def test_the_commands_under_test_are_the_manifests(tmp_path, sockets):
     (sts,) = load(K8S / "statefulset" / "worker-statefulset.yaml")
     hook = sts["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    node = PodEnv("127.0.0.1:8500", tmp_path)
+    node = PodEnv("127.0.0.1:8500", tmp_path, sockets)
     prestop, env = node.command("worker", "hvd-worker-0", hook=True)
     assert prestop.argv == hook == [f"{IMAGE_BIN}/hvd-elastic", "drain", "--reason", "pod terminating (preStop hook)",
                                     "--wait", "270"]
     assert env["CONSUL_HTTP_ADDR"] == "127.0.0.1:8500" and env["HVD_ELASTIC_SERVICE_ID"] == "hvd-worker-0"
     sidecar, sidecar_env = node.command("node-agent", "hvd-worker-0", hook=False)
-    assert sidecar.argv == [f"{IMAGE_BIN}/hvd-elastic", "node-agent"]
+    assert sidecar.argv == [f"{IMAGE_BIN}/hvd-elastic", "node-agent", "--standby", "train"]
     assert sidecar_env["HVD_ELASTIC_ADDRESS"] == "hvd-worker-0.hvd-worker.default.svc"
+    assert sidecar_env["HVD_ELASTIC_STANDBY_DIR"] == str(sockets / "hvd-worker-0" / "standby")
 
 
 # A container of its own, as far as processes go: a PID namespace (as the worker container has) with
@@ -206,10 +269,10 @@ def test_a_stale_drain_is_lifted_by_the_next_pod_of_the_name(node, sidecars):
     assert fresh.returncode == 0 and "'hvd-worker-7'" in fresh.stderr and "not registered" in fresh.stderr, fresh
 
 
-def test_prestop_without_consul_fails_at_once_naming_why(tmp_path, fake_worker):
+def test_prestop_without_consul_fails_at_once_naming_why(tmp_path, sockets, fake_worker):
     fake_worker()  # a job on the pod: a drain that did not happen must not wait for it
     with refused_address() as nobody:
-        node = PodEnv(nobody, tmp_path)
+        node = PodEnv(nobody, tmp_path, sockets)
         prestop, env = node.command("worker", "hvd-worker-0", hook=True)
         assert prestop.argv[-2:] == ["--wait", "270"]
         started = time.monotonic()
@@ -218,3 +281,18 @@ def test_prestop_without_consul_fails_at_once_naming_why(tmp_path, fake_worker):
     assert result.returncode == 1, result
     assert result.stderr.startswith("drain: ") and "reach" in result.stderr and nobody in result.stderr, result.stderr
     assert took < 60, f"took {took:.0f}s: it waited although it drained nothing"
+
+
+@pytest.mark.slow
+def test_the_sidecar_withholds_its_pod_until_the_worker_containers_standby_answers(node, sidecars):
+    agent = sidecars("hvd-worker-0", standby=False)
+    wait_until("the sidecar to say it waits", lambda: "standby train not ready yet" in agent.read_log(), WAIT,
+               jobs=[agent])
+    assert node.discovery() == ""  # registered, withheld: the manifest's wait is 120 s
+    _, env = node.command("node-agent", "hvd-worker-0", hook=False)
+    standby = AnsweringStandby(node.standby_dir("hvd-worker-0"), env["HVD_ELASTIC_STANDBY"])
+    try:
+        wait_until("the pod to be listed", lambda: node.discovery() == "hvd-worker-0.hvd-worker.default.svc:1\n",
+                   WAIT, jobs=[agent])
+    finally:
+        standby.close()
