@@ -167,15 +167,19 @@ def _host_new(soak: "Soak", host: None):
 
 
 def _pick_consul_agent(soak: "Soak", host: None) -> None:
-    # A Consul agent restarts (an upgrade, a crash): the launcher's, where discovery asks, or a healthy host's.
-    soak.note["node"] = soak.rng.choice([LAUNCHER, *soak.healthy()])
+    # A Consul agent restarts (an upgrade, a crash): the launcher's, where discovery asks, or a healthy host's;
+    # with a quorum of servers also the leading server, whose loss is a leader election.  A one-server cluster
+    # draws exactly as before, so its soaks replay unchanged.
+    leader = [soak.cluster.consul.wait_leader()] if soak.cluster.consul_servers > 1 else []
+    soak.note["node"] = soak.rng.choice([LAUNCHER, *soak.healthy(), *leader])
 
 
 def _consul_restart(soak: "Soak", host: None):
-    node = soak.note["node"]
-    soak.cluster.consul.stop_node(node)
+    node, consul = soak.note["node"], soak.cluster.consul
+    server = soak.cluster.consul_servers > 1 and node in consul.server_nodes
+    (consul.stop_server if server else consul.stop_node)(node)
     time.sleep(soak.rng.uniform(1.0, 5.0))
-    soak.cluster.consul.start_node(node)
+    (consul.start_server if server else consul.start_node)(node)
     return []
 
 
@@ -211,8 +215,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("agent-death", "host", True, _agent_death, "SIGKILL the node agent (TTL expiry), restart later"),
     Fault("host-leave", "host", True, _host_leave, "the node agent deregisters (SIGTERM); the host returns later"),
     Fault("host-new", "none", False, _host_new, "a new host boots and registers", _room_for_a_host),
-    Fault("consul-restart", "none", False, _consul_restart, "a Consul agent (launcher's or a host's) restarts",
-          _pick_consul_agent),
+    Fault("consul-restart", "none", False, _consul_restart,
+          "a Consul agent (launcher's, a host's or the leading server) restarts", _pick_consul_agent),
     Fault("job-kill", "job", False, _job_kill, "SIGKILL the whole job, relaunch from the newest checkpoint"),
     Fault("checkpoint-cut", "job", False, _checkpoint_cut, "SIGKILL the whole job mid checkpoint write, relaunch",
           _stall_a_checkpoint_write),

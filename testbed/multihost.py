@@ -10,7 +10,8 @@
 
 Consul is HashiCorp's by default (``consul="consul"``), laid out as in
 production: one server agent in the root namespace, bound to the bed's bridge
-address, and a client agent inside every host's namespace (the launcher's
+address (``consul_servers=3``: a Raft quorum of three there, each with ports of
+its own), and a client agent inside every host's namespace (the launcher's
 included, where discovery asks), joined to it by gossip over the bed's
 network; so a partitioned or frozen host is also marked critical by
 ``serfHealth``, and a host that crashes loses its agent.  ``consul="dev"`` is
@@ -65,6 +66,9 @@ class ElasticCluster:
         acl_token: turn Consul's ACLs on with this token, which every process the
             cluster starts reads from a file only its owner may read (``consul_env``).
         consul: "consul" (HashiCorp Consul agents, see the module docstring) or "dev".
+        consul_servers: how many Consul server agents (``consul="consul"`` only): 1, the ``-dev`` server, or an
+            odd number more, a Raft quorum whose leader's loss is an election
+            (:class:`~hvd_elastic.local.realconsul.ConsulCluster`).
         node_agents: start a node agent on every host (False: something else registers
             the hosts, e.g. Slurm worker jobs, :mod:`.slurm`).
         ssh_keepalive: horovodrun's ssh with keep-alives (ends a lost host's session in
@@ -77,11 +81,14 @@ class ElasticCluster:
     """
 
     def __init__(self, workdir: Path, hosts: int = 3, *, ttl: float = 3.0, gloo_timeout: int = 20, slots: int = 1,
-                 acl_token: str | None = None, consul: str = "consul", node_agents: bool = True,
-                 ssh_keepalive: bool = True, standby: str | None = None, preload: str = ""):
+                 acl_token: str | None = None, consul: str = "consul", consul_servers: int = 1,
+                 node_agents: bool = True, ssh_keepalive: bool = True, standby: str | None = None, preload: str = ""):
         if consul not in ("consul", "dev"):
             raise ValueError(f"consul must be 'consul' or 'dev', got {consul!r}")
+        if consul == "dev" and consul_servers != 1:
+            raise ValueError(f"consul_servers={consul_servers!r} needs consul='consul' (the dev agent is one process)")
         self.consul_kind = consul
+        self.consul_servers = consul_servers
         self.with_node_agents = node_agents
         self.workdir = Path(workdir)
         self.slots = slots
@@ -114,7 +121,7 @@ class ElasticCluster:
             if self.consul_kind == "consul":
                 # A host added later gets its agent then (start_agent), as a booting machine would.
                 self.consul = ConsulCluster(nodes, acl_token=self.acl_token, server_address=self.bed.bridge_address,
-                                            placement=self._placement).start()
+                                            placement=self._placement, servers=self.consul_servers).start()
             else:  # the dev agent's nodes are fixed at start: spares for hosts added later
                 spares = [f"{PREFIX}{i}" for i in range(self._initial + 1, self._initial + SPARE_HOSTS + 1)]
                 self.consul = DevCluster(nodes=[*nodes, *spares], bind=self.bed.bridge_address,

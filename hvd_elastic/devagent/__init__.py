@@ -62,6 +62,9 @@ lag is simulated                                                                
 1.8.7 filters a restricted token's    ``test_consul_1_8_7_filters_without_...``   kept: the dev agent answers as
 rows but sends no ``X-Consul-Results-                                             Consul's API docs describe;
 Filtered-By-ACLs`` header                                                         README names the rules needed
+a server's loss is a leader election  ``tests/discovery/test_consul_quorum.py``   kept: the dev agent is one
+(~15 s at Consul's default Raft       (3 servers; also on the bed:                process, with no quorum to lose;
+timing); reads fail cleanly meanwhile ``test_consul_leader_loss.py``)             real Consul only
 ====================================  ==========================================  ==================================
 """
 
