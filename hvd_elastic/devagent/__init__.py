@@ -65,6 +65,9 @@ Filtered-By-ACLs`` header                                                       
 a server's loss is a leader election  ``tests/discovery/test_consul_quorum.py``   kept: the dev agent is one
 (~15 s at Consul's default Raft       (3 servers; also on the bed:                process, with no quorum to lose;
 timing); reads fail cleanly meanwhile ``test_consul_leader_loss.py``)             real Consul only
+a follower's ``?stale`` answer may    ``test_consul_quorum.py`` (the stale test   kept: the dev agent keeps one
+lack a write the leader committed     waits until every server's own copy has     copy; ``--stale`` documents that
+(a majority has it, not yet all)      the hosts before it kills the leader)       a follower's answer can lag
 ====================================  ==========================================  ==================================
 """
 

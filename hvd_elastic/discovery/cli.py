@@ -100,8 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
                         help="how long a job's first call keeps retrying an unreachable or leaderless Consul; 0 "
                              "disables (env HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY; default %(default)s)")
     parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"),
-                        help="let any Consul server answer (?stale), spreading the load off the leader; answers staler "
-                             "than --max-stale fail (env HVD_ELASTIC_STALE; default %(default)s)")
+                        help="let any Consul server answer (?stale), spreading the load off the leader; a follower's "
+                             "answer may lack the newest changes for a moment, and answers staler than --max-stale "
+                             "fail (env HVD_ELASTIC_STALE; default %(default)s)")
     parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"),
                         metavar="SECONDS",
                         help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; "

@@ -189,8 +189,9 @@ class ConsulCluster:
     # -- nodes ------------------------------------------------------------
 
     def addr(self, node: str) -> str:
-        """``host:port`` of ``node``'s agent HTTP(S) API."""
-        self._known(node)
+        """``host:port`` of ``node``'s agent HTTP(S) API; ``node`` may also name a server agent."""
+        if node not in self.server_nodes:
+            self._known(node)
         return f"{self._addresses[node]}:{self._ports[node]}"
 
     def url(self, node: str) -> str:
