@@ -77,7 +77,7 @@ def failing(calls: list[str], outcomes: list[BaseException | None]):
 
 def test_a_failure_hangs_up_before_restoring_and_a_host_update_never_hangs_up(world, monkeypatch):
     calls = world["calls"]
-    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: calls.append("hang_up") or [])
+    monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: calls.append("hang_up") or [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: calls.append("check_found") or True)
     fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True),
                          HostsUpdatedInterrupt(skip_sync=False)])
@@ -123,7 +123,7 @@ def test_with_the_hang_up_off_the_loop_is_not_checked(world, monkeypatch, caplog
 
 def test_before_sync_runs_right_before_every_sync_and_only_then(world, monkeypatch):
     calls = world["calls"]
-    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: [])
+    monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
     fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True)])
 
@@ -154,7 +154,7 @@ def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset
     calls = world["calls"]
     monkeypatch.setenv(health_cut.ENV, "1")
     monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
-    monkeypatch.setattr(gloo_hangup, "hang_up", lambda: [])
+    monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
     fn = failing(calls, [HorovodInternalError("peer lost")])
 

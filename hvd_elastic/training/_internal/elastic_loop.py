@@ -97,7 +97,7 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
                     state.sync()
                 return fn(state, *args, **kwargs)
             except HorovodInternalError:
-                gloo_hangup.hang_up()  # first: a peer blocked on this rank learns of the failure now
+                gloo_hangup.hang_up_if_stalled()  # first: a peer blocked on this rank learns of the failure now
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:

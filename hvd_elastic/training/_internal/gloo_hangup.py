@@ -16,8 +16,20 @@ stream now) every connection of the failed Gloo contexts, so the peer's
 receive fails with "Connection closed by peer" and it resets too.  The
 descriptors stay Gloo's: it closes them when the old context goes away.
 Horovod also raises ``HorovodInternalError`` for errors that lose no peer
-(tensors of different shapes on different ranks); every rank then resets as
-well, so cutting a context that is still alive costs nothing.
+(tensors of different shapes on different ranks).  Its background loop then
+keeps cycling with every peer, so nobody waits on this rank, and cutting that
+live context is not harmless: Gloo queues a send that meets ``EPIPE`` or
+``ECONNRESET`` without failing it (``tcp::Pair::write``, async mode), and a
+pair that fails never tells the queued sends of unbound buffers
+(``Pair::signalException``), so a background thread that sent into the cut
+waits out the whole Gloo timeout inside ``hvd.shutdown()`` (``gdb``:
+``UnboundBuffer::waitSend`` in the ring allreduce of Horovod's cache
+coordination; 3 runs in about 20 of a two-rank job under load).  So after a
+failure the elastic loop calls :func:`hang_up_if_stalled`: it hangs up only
+once this rank's Gloo connections have been quiet for :data:`STALL_QUIET_S`
+(a world whose loop died is quiet on every connection: a collective needs
+every rank), and leaves a world that keeps talking for :data:`STALL_WINDOW_S`
+alone.
 
 Which sockets are Gloo's (:func:`gloo_sockets`): Gloo's TCP transport runs
 one event loop per device, an epoll instance watching a wake-up PIPE and the
@@ -54,6 +66,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from typing import NamedTuple
 
 from hvd_elastic.envvars import env_bool
@@ -63,6 +76,12 @@ log = logging.getLogger(__name__)
 
 #: Set to a false boolean ("0", "false") to turn the hang-up off.
 ENV = "HVD_ELASTIC_GLOO_HANGUP"
+
+#: After a failure: seconds without data on every Gloo connection that mean this rank's world has stopped
+#: (Horovod's background loop exchanges with every peer each cycle, a few milliseconds).
+STALL_QUIET_S = 0.2
+#: After a failure: how long a world that keeps talking is watched before it is taken for alive.
+STALL_WINDOW_S = 0.5
 
 
 
@@ -249,6 +268,21 @@ def hang_up(why: str = "of the failed Horovod context") -> list[int]:
     if done:
         log.info("hung up %d Gloo connections %s", len(done), why)
     return done
+
+
+def hang_up_if_stalled(quiet: float = STALL_QUIET_S, window: float = STALL_WINDOW_S) -> list[int]:
+    """After this rank's Horovod failed: :func:`hang_up` once its Gloo connections have been quiet for
+    ``quiet`` seconds, within ``window`` seconds; [] when they keep receiving data (the world is alive, so
+    nobody waits on this rank) or none is found."""
+    if not enabled():
+        return []
+    deadline = time.monotonic() + window
+    while (seconds := quiet_for()) is not None and seconds < quiet:
+        if time.monotonic() + (quiet - seconds) > deadline:
+            log.info("Gloo connections still busy %.1f s after the failure: the world is alive, not hung up", window)
+            return []
+        time.sleep(quiet - seconds)
+    return hang_up() if seconds is not None else []
 
 
 def check_found() -> bool:
