@@ -10,7 +10,10 @@ saying why and ``exec``\\ s the command itself, exactly as horovodrun would have
 
 Contract with horovodrun, through the standby:
 
-* SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 reach the worker's process group;
+* SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 reach the worker's process group,
+  also those that come after the run request and before the worker's pid (the
+  worker may run already); when no worker starts after all, this process dies
+  of them instead of starting the command itself;
 * this process exits with the worker's exit code, or dies of the worker's signal;
 * if this process is killed, the standby terminates the worker (the socket closes);
 * if the standby dies while the worker runs, the worker's status is lost: this
@@ -124,27 +127,66 @@ def through_standby(name: str, command: list[str]) -> int:
             raise Fallback(f"standby {name!r} {why}")
         request = python_request(command, str(hello.get("python", "")))
         sock.settimeout(FORK_TIMEOUT)
+        # From the request on: the worker may run (and be signalled by whoever started us) before its pid is here.
+        signals = _Signals()
         try:
             protocol.send(sock, {"run": request}, [0, 1, 2])
             reply, _ = protocol.receive(sock)
+            if reply is None or "pid" not in reply:
+                raise Fallback(f"standby {name!r} refused: {(reply or {}).get('refused', 'connection closed')}")
         except (OSError, protocol.ProtocolError) as exc:
+            signals.give_up()
             raise Fallback(f"standby {name!r} did not start the worker ({_describe(exc)})") from None
-        if reply is None or "pid" not in reply:
-            raise Fallback(f"standby {name!r} refused: {(reply or {}).get('refused', 'connection closed')}")
-        return _relay(sock, int(reply["pid"]), name)
+        except Fallback:
+            signals.give_up()
+            raise
+        signals.relay_to(int(reply["pid"]))
+        return _relay(sock, signals, name)
     finally:
         sock.close()
 
 
-def _relay(sock: socket.socket, pid: int, name: str) -> int:
-    def forward(signum, _frame):
+class _Signals:
+    """The forwarded signals (:data:`FORWARDED`), caught from before the run request on.
+
+    Until the worker's pid is known they are held; :meth:`relay_to` sends the
+    held ones to the worker's process group and every later one as it comes.
+    :meth:`give_up` (no worker after all) restores the defaults and delivers
+    the held ones to this process, which then dies of them as it would have.
+    """
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.held: list[int] = []
+        for signum in FORWARDED:
+            signal.signal(signum, self._caught)
+
+    def _caught(self, signum, _frame) -> None:
+        if self.pid is None:
+            self.held.append(signum)
+        else:
+            self.send(signum)
+
+    def send(self, signum: int) -> None:
         try:
-            os.killpg(pid, signum)
+            os.killpg(self.pid, signum)
         except ProcessLookupError:
             pass
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
+    def relay_to(self, pid: int) -> None:
+        self.pid = pid
+        while self.held:
+            self.send(self.held.pop(0))
+
+    def give_up(self) -> None:
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        for signum in self.held:
+            os.kill(os.getpid(), signum)
+
+
+def _relay(sock: socket.socket, signals: _Signals, name: str) -> int:
+    pid, forward = signals.pid, signals.send
     sock.settimeout(None)
     try:
         message, _ = protocol.receive(sock)
@@ -152,7 +194,7 @@ def _relay(sock: socket.socket, pid: int, name: str) -> int:
         message = None
         print(f"{PROG}: lost standby {name!r} ({_describe(exc)})", file=sys.stderr)
     if message is None or not ({"exit", "signal"} & message.keys()):
-        forward(signal.SIGTERM, None)
+        forward(signal.SIGTERM)
         print(f"{PROG}: standby {name!r} went away while worker {pid} ran: its exit status is lost, "
               f"worker terminated", file=sys.stderr)
         return 1

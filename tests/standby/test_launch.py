@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -274,3 +275,90 @@ def test_a_forked_worker_is_found_on_the_node_through_its_launcher(standby, tmp_
     proc.stdin.close()  # the worker reads EOF and ends; so does its launcher
     assert proc.wait(WAIT) == 0
     assert proc.pid not in leave.local_workers()
+
+
+class _HeldReply:
+    """A standby that speaks the protocol by hand and answers the run request only when told.
+
+    So a test can signal the launcher in the window between its request and the
+    worker's pid, the window in which a worker forked by a real standby may
+    already run (CI once saw a SIGTERM there kill the launcher: -15, not the
+    worker's 42).
+    """
+
+    def __init__(self, directory: Path, name: str = "held"):  # protocol.DIR_ENV must name ``directory``
+        self.name = name
+        directory.mkdir(mode=0o700, exist_ok=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(str(protocol.socket_path(name)))
+        self.listener.listen(1)
+        self.listener.settimeout(WAIT)
+        self.conn: socket.socket | None = None
+
+    def take_request(self) -> dict:
+        """Accept the launcher, greet it as a usable standby, and return its run request."""
+        self.conn, _ = self.listener.accept()
+        self.conn.settimeout(WAIT)
+        protocol.send(self.conn, {"hello": protocol.fingerprint(), "python": PYTHON, "pid": os.getpid(),
+                                  "netns": protocol.network_namespace()})
+        request, fds = protocol.receive(self.conn, max_fds=3)
+        for fd in fds:
+            os.close(fd)
+        return request
+
+    def reply(self, message: dict) -> None:
+        protocol.send(self.conn, message)
+
+    def close(self) -> None:
+        for sock in (self.conn, self.listener):
+            if sock is not None:
+                sock.close()
+
+
+@pytest.fixture
+def held(tmp_path, monkeypatch):
+    monkeypatch.setenv(protocol.DIR_ENV, str(tmp_path / "sockets"))
+    server = _HeldReply(tmp_path / "sockets")
+    yield server
+    server.close()
+
+
+def _launcher(held: _HeldReply, *command: str) -> subprocess.Popen:
+    return subprocess.Popen([str(VENV_BIN / "hvd-elastic"), "exec", "--standby", held.name, "--", *command],
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_signal_before_the_workers_pid_is_known_reaches_the_worker(held, tmp_path):
+    path = script(tmp_path, "pass\n")
+    launcher = _launcher(held, PYTHON, str(path))
+    assert "run" in held.take_request()
+    launcher.send_signal(signal.SIGTERM)  # the worker may be running already; its pid is not here yet
+    time.sleep(0.3)
+    assert launcher.poll() is None, "a SIGTERM before the pid killed the launcher instead of reaching the worker"
+    # The "forked worker": its own process group, exits 42 on SIGTERM.
+    worker = subprocess.Popen([PYTHON, "-c", "import signal, sys, time\n"
+                               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+                               "print('ready', flush=True)\ntime.sleep(60)\n"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        held.reply({"pid": worker.pid})
+        assert worker.wait(WAIT) == 42  # the held SIGTERM went to the worker's process group
+    finally:
+        worker.kill()
+        worker.wait()
+    held.reply({"exit": 42})
+    assert finish(launcher)[0] == 42
+
+
+def test_a_signal_held_for_a_worker_that_never_starts_ends_the_launcher_without_running_the_command(held, tmp_path):
+    marker = tmp_path / "ran"
+    path = script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
+    launcher = _launcher(held, PYTHON, str(path))
+    held.take_request()
+    launcher.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    held.reply({"refused": "busy"})  # no worker: the launcher would start the command itself
+    code, _, err = finish(launcher)
+    assert code == -signal.SIGTERM, err  # it dies of the SIGTERM it was sent, as it would have without a standby
+    assert not marker.exists()
