@@ -132,14 +132,12 @@ def through_standby(name: str, command: list[str]) -> int:
         try:
             protocol.send(sock, {"run": request}, [0, 1, 2])
             reply, _ = protocol.receive(sock)
-            if reply is None or "pid" not in reply:
-                raise Fallback(f"standby {name!r} refused: {(reply or {}).get('refused', 'connection closed')}")
         except (OSError, protocol.ProtocolError) as exc:
             signals.give_up()
             raise Fallback(f"standby {name!r} did not start the worker ({_describe(exc)})") from None
-        except Fallback:
+        if reply is None or "pid" not in reply:
             signals.give_up()
-            raise
+            raise Fallback(f"standby {name!r} refused: {(reply or {}).get('refused', 'connection closed')}")
         signals.relay_to(int(reply["pid"]))
         return _relay(sock, signals, name)
     finally:
@@ -186,7 +184,6 @@ class _Signals:
 
 
 def _relay(sock: socket.socket, signals: _Signals, name: str) -> int:
-    pid, forward = signals.pid, signals.send
     sock.settimeout(None)
     try:
         message, _ = protocol.receive(sock)
@@ -194,8 +191,8 @@ def _relay(sock: socket.socket, signals: _Signals, name: str) -> int:
         message = None
         print(f"{PROG}: lost standby {name!r} ({_describe(exc)})", file=sys.stderr)
     if message is None or not ({"exit", "signal"} & message.keys()):
-        forward(signal.SIGTERM)
-        print(f"{PROG}: standby {name!r} went away while worker {pid} ran: its exit status is lost, "
+        signals.send(signal.SIGTERM)
+        print(f"{PROG}: standby {name!r} went away while worker {signals.pid} ran: its exit status is lost, "
               f"worker terminated", file=sys.stderr)
         return 1
     if "signal" in message:

@@ -36,9 +36,10 @@ def registered(cluster: ConsulCluster, token: str | None = None) -> None:
     register(cluster.addr("127.0.0.1"), slots="1", token=token)
 
 
-def discover(cluster: ConsulCluster, tmp_path, *args: str, **env: str):
-    """``discovery/consul_hosts`` against the localhost node's agent, with no host cache (a direct query each)."""
-    return run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=cluster.addr("localhost"),
+def discover(cluster: ConsulCluster, tmp_path, *args: str, agent: str = "localhost", **env: str):
+    """``discovery/consul_hosts`` against ``agent``'s API (the localhost node's, or a server's), with no host
+    cache (a direct query each)."""
+    return run_discovery(clean_env(tmp_path, CONSUL_HTTP_ADDR=cluster.addr(agent),
                                    HVD_ELASTIC_DISCOVERY_CACHE="off", **env), *args)
 
 
@@ -50,11 +51,13 @@ def answer(result) -> list[str] | None:
     return None
 
 
-def wait_answer(cluster, tmp_path, expected: list[str], timeout: float = 60.0, **env: str) -> None:
-    """Until discovery prints ``expected`` (the catalog reaches the servers a moment after registering)."""
-    deadline = time.monotonic() + timeout
-    while (seen := answer(discover(cluster, tmp_path, **env))) != expected:
-        assert time.monotonic() < deadline, f"discovery prints {seen}, expected {expected}"
+def wait_answer(cluster, tmp_path, expected: list[str], *args: str, deadline: float | None = None,
+                agent: str = "localhost", **env: str) -> None:
+    """Until discovery prints ``expected`` (the catalog reaches the servers a moment after registering);
+    ``deadline`` (monotonic) defaults to 60 s from now."""
+    deadline = time.monotonic() + 60.0 if deadline is None else deadline
+    while (seen := answer(discover(cluster, tmp_path, *args, agent=agent, **env))) != expected:
+        assert time.monotonic() < deadline, f"discovery via {agent} prints {seen}, expected {expected}"
         time.sleep(0.2)
 
 
@@ -101,10 +104,7 @@ def wait_every_server(cluster: ConsulCluster, tmp_path, expected: list[str], tim
     """
     deadline = time.monotonic() + timeout
     for server in cluster.server_nodes:
-        env = clean_env(tmp_path, CONSUL_HTTP_ADDR=cluster.addr(server), HVD_ELASTIC_DISCOVERY_CACHE="off")
-        while (seen := answer(run_discovery(env, "--stale"))) != expected:
-            assert time.monotonic() < deadline, f"{server}'s own copy gives {seen}, expected {expected}"
-            time.sleep(0.2)
+        wait_answer(cluster, tmp_path, expected, "--stale", deadline=deadline, agent=server)
 
 
 def test_stale_reads_answer_from_a_follower_while_there_is_no_leader(consul_binary, tmp_path):

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -175,7 +176,8 @@ def test_after_a_failure_a_world_that_keeps_talking_is_not_hung_up():
 def test_after_a_failure_a_quiet_world_is_hung_up():
     with GlooLikeLoop(pairs=2) as gloo:
         with _peers_talking(gloo):
-            pass  # data until just now: the hang-up waits for the quiet
+            time.sleep(0.1)
+        assert gloo_hangup.quiet_for() < 0.2  # data until just now: the hang-up must wait for the quiet
         assert gloo_hangup.hang_up_if_stalled(quiet=0.2, window=5.0) == gloo.fds
         for peer in gloo.peers:
             peer.settimeout(5)
