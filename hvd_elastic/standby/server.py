@@ -1,8 +1,9 @@
 """``hvd-elastic standby``: import the heavy modules once, then fork workers on request.
 
 One standby serves one job's workers on one host (its name, :mod:`.protocol`).
-It imports ``torch`` (with ``torch._dynamo``, which an optimizer's first step
-would import), ``horovod.torch`` and ``--preload`` modules, then binds
+It imports ``torch`` (with ``torch._dynamo``, which building an optimizer
+would import), ``horovod.torch``, hvd-elastic's training API and ``--preload``
+modules, then binds
 its socket: a socket that answers is a standby that is ready.  It never
 initialises CUDA or Horovod and runs no threads of its own, so a fork of it is
 a clean start (:mod:`.child` lists what the child drops).
@@ -45,16 +46,18 @@ import stat
 import sys
 import time
 
+import hvd_elastic
 from hvd_elastic import sdnotify
 from hvd_elastic.options import env, standby_name
 from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
 
-# torch._dynamo too: torch.optim imports it lazily at an optimizer's first step
+# torch._dynamo too: torch.optim imports it lazily when an optimizer is built
 # (about 800 modules, seconds), which a joining worker would otherwise pay while
-# the survivors wait for that step.
-BASE_MODULES = ("torch", "torch._dynamo", "horovod.torch")
+# the survivors wait for it.  And hvd-elastic's training API (what ``hvd_elastic.run``
+# and its states import, about 50 modules), which a worker would import after the fork.
+BASE_MODULES = ("torch", "torch._dynamo", "horovod.torch", *sorted(set(hvd_elastic._LAZY.values())))
 KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of an abandoned worker
 TICK = 0.5  # seconds: how often the loop looks at signals and deadlines
 

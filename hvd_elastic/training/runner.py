@@ -36,7 +36,7 @@ Each call of the decorated function:
    once and calls the function; any error ends the job as usual.
 4. Keeps the job's Prometheus metrics on every rank (:mod:`hvd_elastic.metrics.job`:
    world size, resets by cause and their phases, steps, commits, syncs, checkpoints),
-   hands rank 0's numbers to every rank at each sync (one small ``broadcast_object``,
+   hands rank 0's numbers to every rank at each sync (one small object broadcast,
    so a new rank 0 continues the series), and, when ``metrics_addr`` or
    ``HVD_ELASTIC_METRICS_ADDR`` names an address, serves them from rank 0.
 5. When the function returns, rank 0 writes a final checkpoint of the last commit (if
@@ -65,7 +65,7 @@ from prometheus_client import CollectorRegistry
 from hvd_elastic.metrics import address as metrics_address
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
-from hvd_elastic.training._internal import forksafe, shared_dir
+from hvd_elastic.training._internal import forksafe, objects, shared_dir
 from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training._internal.elastic_loop import run_elastic
@@ -280,7 +280,7 @@ class _Session:
                 self._refresh_rank()
                 self._resume()
         # On every rank whether or not it serves: a collective must never depend on a setting.
-        self.metrics.adopt(hvd.broadcast_object(self.metrics.carry(), root_rank=0, name="hvd_elastic.metrics"))
+        self.metrics.adopt(objects.broadcast_object(self.metrics.carry(), root_rank=0, name="hvd_elastic.metrics"))
 
     def _resume(self) -> None:
         if self.checkpoints is None or self._rank != 0:

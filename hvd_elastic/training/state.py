@@ -10,7 +10,7 @@ A drop-in :class:`horovod.common.elastic.State` (``hvd.elastic.State``) for
   CUDA exists): no ``deepcopy``, no second device copy; the buffer is
   reallocated only when the layout changes (Adam's moments appear after the
   first step);
-* syncs with one ``broadcast_object`` for everything small and, for the
+* syncs with one object broadcast for everything small and, for the
   tensors, moves only what ranks lack: digests of the buffer show which
   ranks already hold rank 0's committed tensors (survivors usually do), and
   those send the rest in disjoint stripes to the ranks that need it
@@ -79,6 +79,7 @@ from horovod.common.elastic import State
 from hvd_elastic.training._internal import compat, forksafe, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
+from hvd_elastic.training._internal.objects import broadcast_object
 from hvd_elastic.training._internal.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, copy_tensors
 from hvd_elastic.training._internal.rng import RNGState
 from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, tree_copy
@@ -141,7 +142,7 @@ class TrainingState(State):
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        super().__init__(bcast_object=_broadcast_host_updates, get_rank=hvd.rank)
         self.model = model
         self.optimizer = optimizer
         self.schedulers = list(schedulers)
@@ -303,7 +304,7 @@ class TrainingState(State):
         """Make every rank equal to rank 0's live state, and commit it locally.
 
         Collective.  Rank 0 broadcasts its layout and small state (one
-        ``broadcast_object``).  Then, when rank 0's tensors are still those of
+        collective, :mod:`~hvd_elastic.training._internal.objects`).  Then, when rank 0's tensors are still those of
         its last commit, restore or sync (nothing but ``commit()`` checked for
         host updates since, and PyTorch's version counters did not move), every
         rank proves with digests of its commit buffer which tensors it already
@@ -329,9 +330,9 @@ class TrainingState(State):
                 if fresh:
                     self._lineage = transfer.new_lineage()
             header = {"layout": layout.describe(), "meta": meta, "fresh": fresh, "lineage": self._lineage}
-            hvd.broadcast_object(header, root_rank=0, name="hvd_elastic.sync.header")
+            broadcast_object(header, root_rank=0, name="hvd_elastic.sync.header")
         else:
-            header = hvd.broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
+            header = broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
             layout, meta, fresh = FlatLayout.parse(header["layout"]), header["meta"], header["fresh"]
             live = self._live_tensors()
         targets = {} if rank == 0 else self._targets(meta)
@@ -574,3 +575,9 @@ def _world() -> tuple[int, int]:
     if hvd.is_initialized():
         return hvd.rank(), hvd.size()
     return 0, 1
+
+
+def _broadcast_host_updates(update: tuple) -> tuple:
+    # Horovod's State broadcasts rank 0's (previous, newest notification time, what changed) at
+    # every host check, so at every commit: one collective here instead of Horovod's two.
+    return broadcast_object(update, root_rank=0, name="hvd_elastic.host_updates")

@@ -322,4 +322,3 @@ def test_both_sides_of_the_cut_are_on_by_default():
 
     assert reaper.enabled({}) is True and health_cut.enabled({}) is True
     assert reaper.enabled({reaper.ENV: "0"}) is False and health_cut.enabled({health_cut.ENV: "0"}) is False
-    assert health_cut.enabled_or_off({health_cut.ENV: "maybe"}) is False

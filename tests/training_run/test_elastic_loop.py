@@ -1,8 +1,9 @@
 """run_elastic's order of steps around failures and host updates, and its one check for Gloo's loop.
 
-Horovod's collective (the sync agreement), its re-initialisation and the hang-up are replaced by
-recorders, so the order is seen exactly; the state is a recorder too.  The loop check runs for real
-against this process's descriptors (gloo_shapes.GlooLikeLoop stands in for Gloo's loop).
+The world's first collective (the sync agreement and the hosts), Horovod's re-initialisation and the
+hang-up are replaced by recorders, so the order is seen exactly; the state is a recorder too.  The loop
+check runs for real against this process's descriptors (gloo_shapes.GlooLikeLoop stands in for Gloo's
+loop).
 """
 
 from __future__ import annotations
@@ -39,21 +40,16 @@ def world(monkeypatch):
     calls: list[str] = []
     sizes = [2]
 
-    def sync_needed(mine):
-        calls.append(f"sync_needed({mine})")
-        return mine  # as if this rank alone decided
+    def new_world(mine):
+        calls.append(f"new_world({mine})")
+        return mine, ["here", "there"]  # as if this rank alone decided
 
     def reset():
         calls.append("reset")
         if len(sizes) > 1:
             sizes.pop(0)
 
-    def world_hosts():
-        calls.append("world_hosts")
-        return ["here", "there"]
-
-    monkeypatch.setattr(elastic_loop, "_sync_needed", sync_needed)
-    monkeypatch.setattr(elastic_loop, "_world_hosts", world_hosts)
+    monkeypatch.setattr(elastic_loop, "_new_world", new_world)
     monkeypatch.setattr(elastic_loop, "_reset", reset)
     monkeypatch.setenv(health_cut.ENV, "0")  # no Consul reader here; test_the_health_cut_... turns it on
     monkeypatch.setattr(elastic_loop.hvd, "size", lambda: sizes[0])
@@ -84,13 +80,13 @@ def test_a_failure_hangs_up_before_restoring_and_a_host_update_never_hangs_up(wo
 
     assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
     assert calls == [
-        "sync_needed(True)", "check_found", "sync", "fn",
+        "new_world(True)", "check_found", "sync", "fn",
         "hang_up", "restore", "reset", "on_reset",  # the failure: peers hear of it before anything else
-        "sync_needed(True)", "sync", "fn",
+        "new_world(True)", "sync", "fn",
         "reset", "on_reset",  # hosts removed: no hang-up, no restore, the sync may be skipped
-        "sync_needed(False)", "fn",
+        "new_world(False)", "fn",
         "reset", "on_reset",  # hosts added: no hang-up, no restore
-        "sync_needed(True)", "sync", "fn",
+        "new_world(True)", "sync", "fn",
     ]
 
 
@@ -130,9 +126,9 @@ def test_before_sync_runs_right_before_every_sync_and_only_then(world, monkeypat
     assert elastic_loop.run_elastic(fn, RecordingState(calls), before_sync=lambda: calls.append("before_sync")) \
         == "done"
     assert calls == [
-        "sync_needed(True)", "before_sync", "sync", "fn",
-        "restore", "reset", "on_reset", "sync_needed(True)", "before_sync", "sync", "fn",
-        "reset", "on_reset", "sync_needed(False)", "fn",  # no sync, no check: nobody is new
+        "new_world(True)", "before_sync", "sync", "fn",
+        "restore", "reset", "on_reset", "new_world(True)", "before_sync", "sync", "fn",
+        "reset", "on_reset", "new_world(False)", "fn",  # no sync, no check: nobody is new
     ]
 
 
@@ -160,15 +156,8 @@ def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset
 
     assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
     assert calls == [
-        "sync_needed(True)", "world_hosts", "set_world(here,there)", "sync", "fn",
+        "new_world(True)", "set_world(here,there)", "sync", "fn",
         "restore", "between_worlds", "reset", "on_reset",
-        "sync_needed(True)", "world_hosts", "set_world(here,there)", "sync", "fn",
+        "new_world(True)", "set_world(here,there)", "sync", "fn",
         "cut.stop",
     ]
-
-
-def test_with_the_health_cut_off_no_hosts_are_gathered(world, monkeypatch):
-    calls = world["calls"]
-    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
-    assert elastic_loop.run_elastic(failing(calls, []), RecordingState(calls)) == "done"
-    assert "world_hosts" not in calls

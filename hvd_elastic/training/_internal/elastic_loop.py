@@ -10,8 +10,8 @@ is always a sync, waits in its broadcast: the job deadlocks, each side in a
 different collective.
 
 :func:`run_elastic` is the same loop, except that after every reset all ranks
-agree, with one tiny allreduce, whether ANY of them needs the sync (a new
-process always does; after a failure everyone does).  That allreduce is the
+agree, with one tiny allgather, whether ANY of them needs the sync (a new
+process always does; after a failure everyone does).  That allgather is the
 first collective of every world, on every rank, so it always matches.
 
 The caller may run its own collective step right before every sync
@@ -24,10 +24,9 @@ reset (:mod:`.gloo_hangup`), so a peer waiting on it fails now instead of
 after the Gloo timeout; and in the first world of two or more ranks it checks
 that Gloo's loop is found at all (one warning per run if not).
 
-Every world of two or more ranks also starts by gathering each rank's host
-name (one small allgather), so the first rank of each host knows which hosts
-its collectives wait on, and hangs up when Consul judges one of them lost
-(:mod:`.health_cut`).
+The same allgather carries each rank's host name, so the first rank of each
+host knows which hosts its collectives wait on, and hangs up when Consul
+judges one of them lost (:mod:`.health_cut`).
 """
 
 from __future__ import annotations
@@ -35,22 +34,17 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-import torch
-
 import horovod.torch as hvd
-from hvd_elastic.training._internal import gloo_hangup, health_cut
+from hvd_elastic.training._internal import gloo_hangup, health_cut, objects
 from hvd_elastic.training._internal.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 
-def _sync_needed(mine: bool) -> bool:
-    flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
-    return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_elastic.sync_needed").item())
-
-
-def _world_hosts() -> list[str]:
-    """Every rank's host name, by rank (a collective: every rank of the world calls it)."""
-    return hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME", ""), name="hvd_elastic.world_hosts")
+def _new_world(needs_sync: bool) -> tuple[bool, list[str]]:
+    """The first collective of every world: whether any rank needs the sync, and every rank's host name
+    (by rank)."""
+    ranks = objects.allgather_object((needs_sync, os.environ.get("HOROVOD_HOSTNAME", "")), name="hvd_elastic.world")
+    return any(needs for needs, _ in ranks), [host for _, host in ranks]
 
 
 def _reset() -> None:
@@ -77,16 +71,13 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     notification_manager.init()
     notification_manager.register_listener(state)
     cut = health_cut.start()
-    gather_hosts = health_cut.enabled_or_off()  # the same answer on every rank: same environment
     skip_sync = False  # this process has never synced: it needs rank 0's state
     try:
         while True:
             try:
-                sync = _sync_needed(not skip_sync)
-                if gather_hosts and hvd.size() > 1:
-                    hosts = _world_hosts()
-                    if cut is not None:
-                        cut.set_world(hosts)
+                sync, hosts = _new_world(not skip_sync)
+                if cut is not None and hvd.size() > 1:
+                    cut.set_world(hosts)
                 if loop_check_due and hvd.size() > 1:
                     loop_check_due = False
                     if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up

@@ -65,14 +65,6 @@ def enabled(environ=os.environ) -> bool:
     return env_bool(ENV, True, environ)
 
 
-def enabled_or_off(environ=os.environ) -> bool:
-    """:func:`enabled`, with a bad value read as off (:func:`start` warns about it)."""
-    try:
-        return enabled(environ)
-    except ConfigError:
-        return False
-
-
 class HealthCut:
     """One rank's reader of Consul's health and its judge (module docstring)."""
 

@@ -144,6 +144,8 @@ def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float 
     """
     import horovod.torch as hvd
 
+    from hvd_elastic.training._internal import objects
+
     rank = hvd.rank()
     header: dict | None = None
     marker: Marker | None = None
@@ -157,7 +159,7 @@ def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float 
             except OSError as exc:
                 header["error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
     try:
-        header = hvd.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
+        header = objects.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
         if not header["enabled"]:
             return 0
         if "error" in header:
@@ -165,7 +167,7 @@ def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float 
                                  f"there ({header['error']}), so it cannot check that every host sees it; "
                                  f"fix the directory, or {OVERRIDE}")
         seen = Marker(Path(header["name"]), header["nonce"]).seen_in(directory, settle)
-        reports = hvd.allgather_object((rank, host_label(), seen), name="hvd_elastic.shared_dir.seen")
+        reports = objects.allgather_object((rank, host_label(), seen), name="hvd_elastic.shared_dir.seen")
     finally:
         if marker is not None:
             marker.remove()  # every rank has read it (or given up): the allgather is past, or failed
