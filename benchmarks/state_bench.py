@@ -156,7 +156,7 @@ class Bench:
 
     def run(self) -> dict:
         torch, hvd, args = self.torch, self.hvd, self.args
-        from hvd_elastic.training.state import TrainingState
+        from hvd_elastic.training.state import TrainingState, broadcast_host_updates
 
         tensors = self.plain.tensors()
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -169,9 +169,9 @@ class Bench:
             for dst, src in zip(copies, tensors):
                 dst.copy_(src)
 
-        # Horovod's host check (a broadcast_object) on a state holding nothing.
+        # The host check a commit makes (TrainingState's one-collective broadcast) on a state holding nothing.
         from horovod.common.elastic import ObjectState
-        bare = ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        bare = ObjectState(bcast_object=broadcast_host_updates, get_rank=hvd.rank)
 
         def copy_and_check():
             plain_copy()

@@ -142,7 +142,7 @@ class TrainingState(State):
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
-        super().__init__(bcast_object=_broadcast_host_updates, get_rank=hvd.rank)
+        super().__init__(bcast_object=broadcast_host_updates, get_rank=hvd.rank)
         self.model = model
         self.optimizer = optimizer
         self.schedulers = list(schedulers)
@@ -577,7 +577,8 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _broadcast_host_updates(update: tuple) -> tuple:
-    # Horovod's State broadcasts rank 0's (previous, newest notification time, what changed) at
-    # every host check, so at every commit: one collective here instead of Horovod's two.
+def broadcast_host_updates(update: tuple) -> tuple:
+    """The host check's collective (``bcast_object`` of Horovod's ``State``): rank 0's (previous, newest
+    notification time, what changed) to every rank.  It runs at every commit: one collective, where
+    Horovod's ``broadcast_object`` takes two."""
     return broadcast_object(update, root_rank=0, name="hvd_elastic.host_updates")
