@@ -269,18 +269,38 @@ class _Session:
             raise
 
     def _before_sync(self) -> None:
-        """Collective, on every rank before every sync: the directory check, (first time) the resume, the metrics."""
+        """Collective, on every rank before every sync: the directory check, (first time) the resume, the metrics.
+
+        Rank 0's news travel in one broadcast: the directory check's marker and, unless a resume
+        from a checkpoint is still to come (it changes them), the job's metrics.
+        """
         if self._entries:  # this process trained before: a reset is under way (a joiner's first sync is none)
             self.metrics.on_reset_begun(self._pending_reset)
-        if self.checkpoints is not None:
-            # Before the load: a rank 0 that sees another directory than the others must not resume from it.
-            shared_dir.verify(self.checkpoints.directory, enabled=self._check_shared)
-            if not self._resumed:
-                self._resumed = True
-                self._refresh_rank()
-                self._resume()
+        self._refresh_rank()
+        resume_due = self.checkpoints is not None and not self._resumed
+        news: dict = {}
+        marker = None
+        try:
+            if self._rank == 0:
+                if self.checkpoints is not None:
+                    news["shared_dir"], marker = shared_dir.announce(self.checkpoints.directory,
+                                                                     enabled=self._check_shared)
+                if not resume_due:
+                    news["metrics"] = self.metrics.carry()
+            news = objects.broadcast_object(news, root_rank=0, name="hvd_elastic.before_sync")
+            if self.checkpoints is not None:
+                # Before the load: a rank 0 that sees another directory than the others must not resume from it.
+                shared_dir.confirm(self.checkpoints.directory, news["shared_dir"])
+        finally:
+            if marker is not None:
+                marker.remove()  # every rank has looked for it (or the check failed)
+        if resume_due:
+            self._resumed = True
+            self._resume()
         # On every rank whether or not it serves: a collective must never depend on a setting.
-        self.metrics.adopt(objects.broadcast_object(self.metrics.carry(), root_rank=0, name="hvd_elastic.metrics"))
+        carried = news["metrics"] if "metrics" in news else objects.broadcast_object(
+            self.metrics.carry(), root_rank=0, name="hvd_elastic.metrics")
+        self.metrics.adopt(carried)
 
     def _resume(self) -> None:
         if self.checkpoints is None or self._rank != 0:

@@ -384,12 +384,11 @@ class TrainingState(State):
                    broadcast_seconds=wire)
 
     def _plan(self, held: FlatBuffer | None, lineage: tuple[int, int], count: int) -> transfer.Plan:
-        """Who lacks which of rank 0's committed tensors (collective): lineages first, then digests
-        from the ranks whose lineage says they may hold them."""
+        """Who lacks which of rank 0's committed tensors (collective, one allgather): the ranks whose
+        lineage is rank 0's prove with digests which tensors they hold; the others hold none.  Rank 0
+        hashes even when no other rank shares its lineage (a world of newcomers, rare): an allgather
+        of the lineages first would cost every sync one more collective."""
         mine = held is not None and self._lineage == lineage
-        claims = hvd.allgather(torch.tensor([[int(mine)]]), name="hvd_elastic.sync.lineage").flatten().tolist()
-        if not any(claims[1:]):
-            return transfer.Plan.everyone(len(claims), count)
         table = transfer.digests(held if mine else None, count)
         return transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
 

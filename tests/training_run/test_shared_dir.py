@@ -132,28 +132,29 @@ def test_the_runner_checks_before_it_loads_a_checkpoint_and_cleans_up(tmp_path, 
     ckpt = tmp_path / "ckpt"
     run(checkpoint_dir=ckpt)(steps)(make_state(), 2)
     order = []
-    verify, load_latest = shared_dir.verify, CheckpointManager.load_latest
-    monkeypatch.setattr(runner.shared_dir, "verify",
-                        lambda *a, **k: order.append(("verify", k["enabled"])) or verify(*a, **k))
+    confirm, load_latest = shared_dir.confirm, CheckpointManager.load_latest
+    monkeypatch.setattr(runner.shared_dir, "confirm",
+                        lambda directory, header, **k: order.append(("check", header["enabled"]))
+                        or confirm(directory, header, **k))
     monkeypatch.setattr(CheckpointManager, "load_latest",
                         lambda self, **k: order.append("load") or load_latest(self, **k))
     resumed = make_state()
     run(checkpoint_dir=ckpt)(steps)(resumed, 3)
-    assert order == [("verify", True), "load"] and resumed.step == 3
+    assert order == [("check", True), "load"] and resumed.step == 3
     assert not [n for n in listing(ckpt) if shared_dir.is_marker(n)]
 
     order.clear()
     run(checkpoint_dir=ckpt, checkpoint_dir_shared=False)(steps)(make_state(), 3)
     monkeypatch.setenv(shared_dir.LOCAL_ENV, "1")
     run(checkpoint_dir=ckpt)(steps)(make_state(), 3)
-    assert order == [("verify", False), "load", ("verify", False), "load"]
+    assert order == [("check", False), "load", ("check", False), "load"]
 
 
 def test_a_refusal_stops_the_run_before_anything_is_loaded_or_trained(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise shared_dir.SharedDirError("checkpoint_dir ... is not shared")
 
-    monkeypatch.setattr(runner.shared_dir, "verify", refuse)
+    monkeypatch.setattr(runner.shared_dir, "confirm", refuse)
     monkeypatch.setattr(CheckpointManager, "load_latest", lambda self, **k: pytest.fail("loaded before the check"))
     state = make_state()
     with pytest.raises(shared_dir.SharedDirError):

@@ -39,7 +39,7 @@ Horovod's name for the host where that differs (``vm as 127.0.0.1``).
 
 :func:`write_marker` and :meth:`Marker.seen_in` are also what ``hvd-elastic
 doctor --hosts`` uses to check a directory over ssh.  This module imports
-Horovod only inside :func:`verify`, so the doctor runs where Horovod is broken.
+Horovod only inside its collectives, so the doctor runs where Horovod is broken.
 """
 
 from __future__ import annotations
@@ -136,45 +136,60 @@ def host_label() -> str:
     return f"{name} as {horovod}" if horovod and horovod != name else name
 
 
-def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float = DEFAULT_SETTLE) -> int:
-    """Check, collectively, that every rank's ``directory`` is rank 0's (see the module docstring).
+def announce(directory: str | os.PathLike, *, enabled: bool = True) -> tuple[dict, Marker | None]:
+    """Rank 0's part before the broadcast: a fresh marker in ``directory`` (none when ``enabled`` is
+    False); the header every rank needs for :func:`confirm`, and the marker to remove once that is past."""
+    header = {"enabled": enabled, "directory": str(Path(directory).absolute()), "host": host_label()}
+    marker = None
+    if enabled:
+        try:
+            remove_markers(directory)
+            marker = write_marker(directory)
+            header["name"], header["nonce"] = marker.name, marker.nonce
+        except OSError as exc:
+            header["error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
+    return header, marker
 
-    Returns the number of ranks that saw rank 0's marker (0 when rank 0 turned the check off);
-    raises :class:`SharedDirError` on every rank when one of them did not.
+
+def confirm(directory: str | os.PathLike, header: dict, *, settle: float = DEFAULT_SETTLE) -> int:
+    """Every rank, with rank 0's header from :func:`announce`: look for the marker in this rank's
+    ``directory`` and allgather who saw it (collective).
+
+    Returns the number of ranks that saw it (0 when rank 0 turned the check off); raises
+    :class:`SharedDirError` on every rank when one of them did not.
     """
-    import horovod.torch as hvd
-
     from hvd_elastic.training._internal import objects
 
-    rank = hvd.rank()
-    header: dict | None = None
-    marker: Marker | None = None
-    if rank == 0:
-        header = {"enabled": enabled, "directory": str(Path(directory).absolute()), "host": host_label()}
-        if enabled:
-            try:
-                remove_markers(directory)
-                marker = write_marker(directory)
-                header["name"], header["nonce"] = marker.name, marker.nonce
-            except OSError as exc:
-                header["error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
-    try:
-        header = objects.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
-        if not header["enabled"]:
-            return 0
-        if "error" in header:
-            raise SharedDirError(f"checkpoint_dir {header['directory']}: rank 0 on {header['host']} cannot write "
-                                 f"there ({header['error']}), so it cannot check that every host sees it; "
-                                 f"fix the directory, or {OVERRIDE}")
-        seen = Marker(Path(header["name"]), header["nonce"]).seen_in(directory, settle)
-        reports = objects.allgather_object((rank, host_label(), seen), name="hvd_elastic.shared_dir.seen")
-    finally:
-        if marker is not None:
-            marker.remove()  # every rank has read it (or given up): the allgather is past, or failed
+    if not header["enabled"]:
+        return 0
+    if "error" in header:
+        raise SharedDirError(f"checkpoint_dir {header['directory']}: rank 0 on {header['host']} cannot write "
+                             f"there ({header['error']}), so it cannot check that every host sees it; "
+                             f"fix the directory, or {OVERRIDE}")
+    import horovod.torch as hvd
+
+    seen = Marker(Path(header["name"]), header["nonce"]).seen_in(directory, settle)
+    reports = objects.allgather_object((hvd.rank(), host_label(), seen), name="hvd_elastic.shared_dir.seen")
     refusal = describe_refusal(header["directory"], header["host"], reports)
     if refusal:
         raise SharedDirError(refusal)
     return len(reports)
+
+
+def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float = DEFAULT_SETTLE) -> int:
+    """Check, collectively, that every rank's ``directory`` is rank 0's (see the module docstring):
+    :func:`announce` on rank 0, its header broadcast, :func:`confirm` everywhere; what ``confirm`` returns."""
+    import horovod.torch as hvd
+
+    from hvd_elastic.training._internal import objects
+
+    header, marker = announce(directory, enabled=enabled) if hvd.rank() == 0 else (None, None)
+    try:
+        header = objects.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
+        return confirm(directory, header, settle=settle)
+    finally:
+        if marker is not None:
+            marker.remove()  # every rank has read it (or given up): the allgather is past, or failed
 
 
 def describe_refusal(directory: str, rank0_host: str, reports: list[tuple[int, str, str | None]]) -> str | None:
