@@ -49,6 +49,7 @@ the oldest surviving host, so it is the process that saw every reset.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -278,22 +279,16 @@ class _Session:
             self.metrics.on_reset_begun(self._pending_reset)
         self._refresh_rank()
         resume_due = self.checkpoints is not None and not self._resumed
-        news: dict = {}
-        marker = None
-        try:
-            if self._rank == 0:
-                if self.checkpoints is not None:
-                    news["shared_dir"], marker = shared_dir.announce(self.checkpoints.directory,
-                                                                     enabled=self._check_shared)
-                if not resume_due:
-                    news["metrics"] = self.metrics.carry()
+        checking = self._rank == 0 and self.checkpoints is not None
+        with (shared_dir.announced(self.checkpoints.directory, enabled=self._check_shared) if checking
+              else contextlib.nullcontext()) as header:
+            news = {"shared_dir": header} if checking else {}
+            if self._rank == 0 and not resume_due:
+                news["metrics"] = self.metrics.carry()
             news = objects.broadcast_object(news, root_rank=0, name="hvd_elastic.before_sync")
             if self.checkpoints is not None:
                 # Before the load: a rank 0 that sees another directory than the others must not resume from it.
                 shared_dir.confirm(self.checkpoints.directory, news["shared_dir"])
-        finally:
-            if marker is not None:
-                marker.remove()  # every rank has looked for it (or the check failed)
         if resume_due:
             self._resumed = True
             self._resume()

@@ -16,10 +16,11 @@ first dimension from every rank and concatenates in rank order:
 Contracts: collective (every rank of the world calls it with the same
 ``name``); objects are pickled with ``cloudpickle``, as Horovod's own object
 collectives do (a state's user values may hold a lambda), and only ever
-unpickled from the job's own ranks (the world's Gloo peers); the root's :func:`broadcast_object` returns the object it
-passed, the others a copy.  Gloo's allgather is a ring, so the root's bytes
-cross N-1 links one after another: meant for the small headers of a world's
-start (kilobytes), not for tensors' contents.
+unpickled from the job's own ranks (the world's Gloo peers); the root's
+:func:`broadcast_object` returns the object it passed, the others a copy.
+Gloo's allgather is a ring, so the root's bytes cross N-1 links one after
+another: meant for the small headers of a world's start (kilobytes), not for
+tensors' contents.
 """
 
 from __future__ import annotations

@@ -44,12 +44,14 @@ Horovod only inside its collectives, so the doctor runs where Horovod is broken.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
 import socket
 import time
 from pathlib import Path
+from typing import Iterator
 
 from hvd_elastic.envvars import env_bool
 
@@ -136,9 +138,11 @@ def host_label() -> str:
     return f"{name} as {horovod}" if horovod and horovod != name else name
 
 
-def announce(directory: str | os.PathLike, *, enabled: bool = True) -> tuple[dict, Marker | None]:
-    """Rank 0's part before the broadcast: a fresh marker in ``directory`` (none when ``enabled`` is
-    False); the header every rank needs for :func:`confirm`, and the marker to remove once that is past."""
+@contextlib.contextmanager
+def announced(directory: str | os.PathLike, *, enabled: bool = True) -> Iterator[dict]:
+    """Rank 0's part, around the broadcast and :func:`confirm`: a fresh marker in ``directory``
+    (none when ``enabled`` is False), yielding the header every rank needs for ``confirm``; the
+    marker is removed on leaving (every rank has looked for it, or the check failed)."""
     header = {"enabled": enabled, "directory": str(Path(directory).absolute()), "host": host_label()}
     marker = None
     if enabled:
@@ -148,11 +152,15 @@ def announce(directory: str | os.PathLike, *, enabled: bool = True) -> tuple[dic
             header["name"], header["nonce"] = marker.name, marker.nonce
         except OSError as exc:
             header["error"] = f"{type(exc).__name__}: {exc.strerror or exc}"
-    return header, marker
+    try:
+        yield header
+    finally:
+        if marker is not None:
+            marker.remove()
 
 
 def confirm(directory: str | os.PathLike, header: dict, *, settle: float = DEFAULT_SETTLE) -> int:
-    """Every rank, with rank 0's header from :func:`announce`: look for the marker in this rank's
+    """Every rank, with rank 0's header from :func:`announced`: look for the marker in this rank's
     ``directory`` and allgather who saw it (collective).
 
     Returns the number of ranks that saw it (0 when rank 0 turned the check off); raises
@@ -178,18 +186,14 @@ def confirm(directory: str | os.PathLike, header: dict, *, settle: float = DEFAU
 
 def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float = DEFAULT_SETTLE) -> int:
     """Check, collectively, that every rank's ``directory`` is rank 0's (see the module docstring):
-    :func:`announce` on rank 0, its header broadcast, :func:`confirm` everywhere; what ``confirm`` returns."""
+    :func:`announced` on rank 0, its header broadcast, :func:`confirm` everywhere; what ``confirm`` returns."""
     import horovod.torch as hvd
 
     from hvd_elastic.training._internal import objects
 
-    header, marker = announce(directory, enabled=enabled) if hvd.rank() == 0 else (None, None)
-    try:
+    with announced(directory, enabled=enabled) if hvd.rank() == 0 else contextlib.nullcontext() as header:
         header = objects.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
         return confirm(directory, header, settle=settle)
-    finally:
-        if marker is not None:
-            marker.remove()  # every rank has read it (or given up): the allgather is past, or failed
 
 
 def describe_refusal(directory: str, rank0_host: str, reports: list[tuple[int, str, str | None]]) -> str | None:
