@@ -41,6 +41,7 @@ from pathlib import Path
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
 from hvd_elastic.training.checkpoint import CheckpointManager
+from hvd_elastic.training._internal.join_ahead import ENV as JOIN_AHEAD_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
 from testbed import (HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery,  # noqa: E402
@@ -57,7 +58,7 @@ WAIT = 240.0  # every wait is bounded: a hang guard, not a speed bound
 class Round:
     """One job of one mode and start-up cost: a join, then a whole-job relaunch (hvd-elastic modes)."""
 
-    def __init__(self, out: Path, mode: str, cost: str, standby: StandbyProcess | None):
+    def __init__(self, out: Path, mode: str, cost: str, standby: StandbyProcess | None, join_ahead: bool):
         self.out, self.mode = out, mode
         out.mkdir(parents=True)
         self.hosts = out / "hosts"
@@ -69,7 +70,8 @@ class Round:
             worker = [HVD_ELASTIC, "exec", "--standby", standby.name, "--", *worker]
         env = standby.env if standby is not None else child_env()
         self.cmd = [*horovodrun_elastic(discover, 2, 1, 3), *worker]
-        self.env = {**env, "HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_ELASTIC_TIMEOUT": "120"}
+        self.env = {**env, "HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_ELASTIC_TIMEOUT": "120",
+                    JOIN_AHEAD_ENV: "1" if join_ahead else "0"}
         self.progress = JsonLines(out / "progress.jsonl")
 
     def _job(self) -> Job:
@@ -98,13 +100,14 @@ class Round:
         return sample
 
     def _phases(self, paused: float, resumed: float) -> dict:
-        """Where the pause went, from the joiner's own times (``pids/*.json``)."""
+        """The joiner's own times (``pids/*.json``), in seconds from the survivors' last commit at the old
+        size: negative while they still trained (join-ahead), positive while they waited."""
         workers = [json.loads(path.read_text()) for path in (self.out / "pids").glob("*.json")]
         joiner = max(workers, key=lambda w: w["process_start"])
-        return {"until the joiner starts": joiner["process_start"] - paused,
-                "joiner: imports": joiner["imported"] - joiner["process_start"],
-                "joiner: hvd.init": joiner["initialised"] - joiner["imported"],
-                "sync and first step": resumed - joiner["initialised"]}
+        return {"joiner started": joiner["process_start"] - paused,
+                "joiner imported": joiner["imported"] - paused,
+                "joiner initialised": joiner["initialised"] - paused,
+                "first step at the new size": resumed - paused}
 
     def _relaunch(self, job: Job) -> float:
         """SIGKILL the whole job after a durable checkpoint; seconds from the new horovodrun to its first step."""
@@ -122,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="samples per mode and cost (default %(default)s)")
     parser.add_argument("--costs", default=",".join(COSTS), help="comma-separated subset of " + ",".join(COSTS))
+    parser.add_argument("--join-ahead", choices=("on", "off"), default="on",
+                        help="hvd-elastic's join-ahead (HVD_ELASTIC_JOIN_AHEAD; default %(default)s): off measures "
+                             "the survivors stopping at once, as stock Horovod's do")
     parser.add_argument("--json", type=Path, default=RESULTS / "join_pause.json")
     args = parser.parse_args(argv)
     costs = args.costs.split(",")
@@ -138,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(args.rounds):
                     for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                         out = Path(tmp) / f"{cost}-{mode}-{r}"
-                        sample = Round(out, mode, cost, standby if mode == "standby" else None).join()
+                        sample = Round(out, mode, cost, standby if mode == "standby" else None,
+                                       args.join_ahead == "on").join()
                         samples[cost][mode].append(sample)
                         print(f"round {r + 1} {cost:<6} {mode:<12} pause {sample['pause']:6.2f} s, "
                               f"registration -> first step {sample['from_registration']:6.2f} s"
@@ -165,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     for cost in costs:
         for mode in MODES:
             phases = [s["phases"] for s in samples[cost][mode]]
-            print(f"{cost} {mode} pause (median s): " + ", ".join(
+            print(f"{cost} {mode}, from the survivors' last commit at the old size (median s): " + ", ".join(
                 f"{k} {statistics.median(p[k] for p in phases):.2f}" for k in phases[0]))
-    print(format_table("a join on local hosts (localhost + 127.0.0.1), 2 -> 3 slots "
-                       f"({load_note(load_at_start)})", rows))
-    write_json(args.json, {"rounds": args.rounds, "costs": {c: COSTS[c] or "torch + horovod" for c in costs},
+    print(format_table("a join on local hosts (localhost + 127.0.0.1), 2 -> 3 slots, join-ahead "
+                       f"{args.join_ahead} ({load_note(load_at_start)})", rows))
+    write_json(args.json, {"rounds": args.rounds, "join_ahead": args.join_ahead,
+                           "costs": {c: COSTS[c] or "torch + horovod" for c in costs},
                            "samples": samples, "rows": rows})
     print(f"wrote {args.json}")
     return 0

@@ -24,7 +24,10 @@ Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
                     ``message``), ``old_size``, ``new_size``,
                     ``interrupted_at`` (when the function was interrupted),
                     ``notified_at`` (hosts_updated: when rank 0 first heard
-                    of the change; None if the interrupt came first); the
+                    of the change; None if the interrupt came first),
+                    ``joined_ahead`` (hosts_updated: the survivors trained
+                    on while the newcomers started, see
+                    ``training/_internal/join_ahead.py``); the
                     record's ``time`` is when training resumed after the sync
 ``checkpoint``      a write finished: ``path``, ``bytes``, ``seconds``, step...
 ``checkpoint_error`` a write failed: ``path``, ``error``

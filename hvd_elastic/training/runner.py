@@ -261,7 +261,8 @@ class _Session:
         except HostsUpdatedInterrupt as exc:
             self._pending_reset = {"reason": "hosts_updated", "hosts": self._describe_hosts(exc),
                                    "old_size": self._size, "notified_at": self._notified_at,
-                                   "interrupted_at": time.time()}
+                                   "interrupted_at": time.time(),
+                                   "joined_ahead": getattr(exc, "answer", None) is not None}
             raise
         except HorovodInternalError as exc:
             self._step_at_error = getattr(state, "step", None)  # what a restore is about to roll back

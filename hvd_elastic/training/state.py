@@ -76,7 +76,7 @@ import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
 
-from hvd_elastic.training._internal import compat, forksafe, transfer
+from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training._internal.objects import broadcast_object
@@ -143,6 +143,7 @@ class TrainingState(State):
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
         super().__init__(bcast_object=broadcast_host_updates, get_rank=hvd.rank)
+        self._host_check = join_ahead.HostCheck(broadcast_host_updates)
         self.model = model
         self.optimizer = optimizer
         self.schedulers = list(schedulers)
@@ -278,14 +279,21 @@ class TrainingState(State):
         seconds, nbytes = self._save(clean=True)
         self.commit_count += 1
         self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
-        super().check_host_updates()
+        self._agree_on_hosts()
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` if hosts changed (collective, like Horovod's)."""
         # Called on its own, between commits: the live state may have moved on
         # in ways version counters miss, so the next sync copies it afresh.
         self._clean_versions = None
-        super().check_host_updates()
+        self._agree_on_hosts()
+
+    def _agree_on_hosts(self) -> None:
+        # Horovod's check, except that added hosts may be joined ahead: see join_ahead.
+        self._last_updated_timestamp, interrupt = self._host_check.check(self._last_updated_timestamp,
+                                                                         self._host_messages)
+        if interrupt is not None:
+            raise interrupt
 
     def save(self) -> None:
         self._save(clean=True)
@@ -394,6 +402,7 @@ class TrainingState(State):
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""
+        self._host_check.reset()
         self._apply_world()
 
     # -- snapshots ---------------------------------------------------------------------------

@@ -43,4 +43,6 @@ def test_a_host_joins_through_its_standby_and_the_job_trains_exactly_once(tmp_pa
     assert forked_by == standby_of and joiner in forked_by, (forked_by, standby_of)
     assert "hvd-elastic exec:" not in log, "a worker fell back to a direct start"
     assert ("hosts_updated", 2, 3) in resets(events), resets(events)
+    joins = [e for e in events if e["event"] == "reset" and e.get("hosts") == "added"]
+    assert joins and all(e["joined_ahead"] for e in joins), joins  # the survivors trained on meanwhile
     assert "restore" not in [e["event"] for e in events], "a join rolled back"

@@ -15,6 +15,7 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 
 from gloo_shapes import GlooLikeLoop
 from hvd_elastic.training._internal import elastic_loop, gloo_hangup, health_cut
+from hvd_elastic.training._internal.join_ahead import JoinInterrupt
 
 
 class RecordingState:
@@ -44,8 +45,8 @@ def world(monkeypatch):
         calls.append(f"new_world({mine})")
         return mine, ["here", "there"]  # as if this rank alone decided
 
-    def reset():
-        calls.append("reset")
+    def reset(answer):
+        calls.append("reset" if answer is None else f"reset({answer})")
         if len(sizes) > 1:
             sizes.pop(0)
 
@@ -88,6 +89,15 @@ def test_a_failure_hangs_up_before_restoring_and_a_host_update_never_hangs_up(wo
         "reset", "on_reset",  # hosts added: no hang-up, no restore
         "new_world(True)", "sync", "fn",
     ]
+
+
+def test_a_join_ahead_answer_reaches_only_the_reset_its_interrupt_causes(world):
+    calls = world["calls"]
+    fn = failing(calls, [JoinInterrupt("1,3,1,2,0,1"), HorovodInternalError("peer lost"), JoinInterrupt(None)])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert [c for c in calls if c.startswith("reset")] == ["reset(1,3,1,2,0,1)", "reset", "reset"]
+    assert calls.count("sync") == 4  # a join always syncs: the newcomer needs the state
 
 
 def test_a_missing_gloo_loop_is_one_warning_per_run_in_the_first_world_of_two(world, caplog):

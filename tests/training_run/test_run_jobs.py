@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,9 +192,43 @@ def test_elastic_resets_are_logged_with_reason_and_sizes(tmp_path):
     assert sizes[:2] == [("hosts_updated", 2, 3), ("internal_error", 3, 2)], resets
     assert all(s == ("hosts_updated", 2, 2) for s in sizes[2:]), resets
     assert resets[0]["hosts"] == "added"
+    assert resets[0]["joined_ahead"] is True  # the survivors trained on while the newcomer started
     assert resets[1]["message"].startswith("HorovodInternalError")
     names = [e["event"] for e in events]
     assert "restore" in names and names.count("sync") >= 2 and names[-1] == "finish"
     # All records come from rank 0 and carry their context.
     assert {e["rank"] for e in events} == {0}
     assert all({"time", "size", "host", "pid"} <= e.keys() for e in events)
+
+
+def test_a_newcomer_that_dies_before_its_rendezvous_never_stops_the_survivors(tmp_path):
+    """Join-ahead's give-up path: the survivors train on at 2 while the newcomer dies; after Gloo's
+    timeout they re-initialise the stock way and the driver starts the next world without it.
+
+    (Stock Horovod's survivors would wait in the new world's rendezvous for it, and abort there.)
+    """
+    hosts = tmp_path / "hosts"
+    discover = host_file_discovery(hosts, "localhost:2\n")
+    with TrainJob(tmp_path, horovodrun_elastic(discover, 2, 2, 3, "--network-interface", "lo"),
+                  STOP_FILE=str(tmp_path / "stop"), STEP_SLEEP="0.1", HOROVOD_GLOO_TIMEOUT_SECONDS="8",
+                  FAIL_ON_HOST="127.0.0.1") as job:
+        job.start()
+        job.wait_until("2 ranks training", lambda: job.progress()["size"] == 2 and job.progress()["step"] >= 3, WAIT)
+        added = time.time()
+        hosts.write_text("localhost:2\n127.0.0.1:1\n")
+        job.wait_until("the give-up reset", lambda: any(e["event"] == "reset" for e in EventLog.read(job.events)),
+                       WAIT)
+        step = job.progress()["step"]
+        job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3, WAIT)
+        (tmp_path / "stop").touch()
+        job.finish(FINISH)
+    events = EventLog.read(job.events)
+    resets = [e for e in events if e["event"] == "reset"]
+    first = resets[0]
+    assert (first["reason"], first["hosts"], first["old_size"], first["new_size"], first["joined_ahead"]) == (
+        "hosts_updated", "added", 2, 2, False), resets
+    # Blacklisting 127.0.0.1 may reach rank 0 later as a removal: a 2 -> 2 reset; size 3 never formed.
+    assert all(e["new_size"] == 2 for e in resets), resets
+    assert resets[0]["interrupted_at"] - added >= 8  # trained on through the whole wait
+    assert "restore" not in [e["event"] for e in events]
+    assert events[-1]["event"] == "finish"

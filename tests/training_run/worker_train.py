@@ -19,6 +19,8 @@ Environment (all optional except OUT_DIR):
     MPI_COMM          "1": hvd.init(comm=MPI.COMM_WORLD) (plain mpirun launch)
     STOP_FILE         train until this file exists (instead of for EPOCHS); the
                       decision is shared by an allreduce so all ranks stop together
+    FAIL_ON_HOST      a worker started on this host (HOROVOD_HOSTNAME) exits with 3
+                      before hvd.init(): a newcomer that never reaches its rendezvous
 """
 
 import hashlib
@@ -59,6 +61,9 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 
 def main() -> None:
+    fail_on = os.environ.get("FAIL_ON_HOST")
+    if fail_on and fail_on == os.environ.get("HOROVOD_HOSTNAME"):
+        raise SystemExit(3)
     if os.environ.get("MPI_COMM") == "1":
         from mpi4py import MPI
 

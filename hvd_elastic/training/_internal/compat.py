@@ -45,6 +45,15 @@ workers: ``HOROVOD_HOSTNAME``,       (runner, health cut); every variable is cop
 ``HOROVOD_ELASTIC=1``, and every     onto the workers' ssh command lines, which is
 launcher variable copied onto the    why a token in it is refused
 ssh command line                     (:mod:`hvd_elastic.discovery.token_guard`)
+horovodrun's elastic rendezvous      :mod:`.rendezvous`, :mod:`.join_ahead`;
+server: ``GET /rank_and_size/        ``tests/training_run/test_join_ahead.py`` runs
+HOST:LOCAL_RANK`` records the slot   them against Horovod's own server and
+ready and waits for the driver's     handler, and the bed's joins
+barrier; Gloo publishes each rank's  (``tests/multihost/test_standby_join.py``)
+address at ``/global/RANK``;         against its driver: a changed protocol
+``hvd.init()`` reads                 shows there
+``HOROVOD_GLOO_RENDEZVOUS_ADDR``/
+``_PORT`` with ``getenv``
 =================================== ============================================
 """
 

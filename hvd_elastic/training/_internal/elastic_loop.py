@@ -27,6 +27,10 @@ that Gloo's loop is found at all (one warning per run if not).
 The same allgather carries each rank's host name, so the first rank of each
 host knows which hosts its collectives wait on, and hangs up when Consul
 judges one of them lost (:mod:`.health_cut`).
+
+A :class:`.join_ahead.JoinInterrupt` (hosts added, the newcomers already
+waiting) carries this rank's place in the next world, which its
+re-initialisation takes from it instead of asking the driver again.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import os
 from typing import Callable
 
 import horovod.torch as hvd
-from hvd_elastic.training._internal import gloo_hangup, health_cut, objects
+from hvd_elastic.training._internal import gloo_hangup, health_cut, join_ahead, objects, rendezvous
 from hvd_elastic.training._internal.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -47,10 +51,14 @@ def _new_world(needs_sync: bool) -> tuple[bool, list[str]]:
     return any(needs for needs, _ in ranks), [host for _, host in ranks]
 
 
-def _reset() -> None:
+def _reset(answer: str | None) -> None:
     # What horovod.torch.elastic does between worlds: leave the old one, rendezvous anew.
     hvd.shutdown()
-    hvd.init()
+    if answer is None:
+        hvd.init()
+        return
+    with rendezvous.answered_init(answer):
+        hvd.init()
 
 
 def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None, **kwargs):
@@ -72,31 +80,33 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     notification_manager.register_listener(state)
     cut = health_cut.start()
     skip_sync = False  # this process has never synced: it needs rank 0's state
+    answer = None
     try:
-        while True:
-            try:
-                sync, hosts = _new_world(not skip_sync)
-                if cut is not None and hvd.size() > 1:
-                    cut.set_world(hosts)
-                if loop_check_due and hvd.size() > 1:
-                    loop_check_due = False
-                    if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
-                        gloo_hangup.check_found()
-                if sync:
-                    if before_sync is not None:
-                        before_sync()
-                    state.sync()
-                return fn(state, *args, **kwargs)
-            except HorovodInternalError:
-                gloo_hangup.hang_up_if_stalled()  # first: a peer blocked on this rank learns of the failure now
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
-            if cut is not None:
-                cut.between_worlds()
-            _reset()
-            state.on_reset()
+        with join_ahead.answers_taken():  # this loop re-initialises with a JoinInterrupt's answer
+            while True:
+                try:
+                    sync, hosts = _new_world(not skip_sync)
+                    if cut is not None and hvd.size() > 1:
+                        cut.set_world(hosts)
+                    if loop_check_due and hvd.size() > 1:
+                        loop_check_due = False
+                        if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
+                            gloo_hangup.check_found()
+                    if sync:
+                        if before_sync is not None:
+                            before_sync()
+                        state.sync()
+                    return fn(state, *args, **kwargs)
+                except HorovodInternalError:
+                    gloo_hangup.hang_up_if_stalled()  # first: a peer blocked on this rank learns of the failure now
+                    state.restore()
+                    skip_sync, answer = False, None
+                except HostsUpdatedInterrupt as exc:
+                    skip_sync, answer = exc.skip_sync, getattr(exc, "answer", None)
+                if cut is not None:
+                    cut.between_worlds()
+                _reset(answer)
+                state.on_reset()
     finally:
         notification_manager.remove_listener(state)
         if cut is not None:

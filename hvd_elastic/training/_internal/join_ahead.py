@@ -1,0 +1,246 @@
+"""A join that does not stop the survivors: they train on while horovodrun starts the newcomer.
+
+In stock Horovod, hosts added to the job stop every worker at its next commit
+(``HostsUpdatedInterrupt``), and only when every one of them has re-entered
+``hvd.init()`` and asked the driver for its place in the next world does the
+driver start the new workers (:mod:`.rendezvous`).  The survivors then wait
+through the newcomer's whole start: ssh, interpreter, imports, ``hvd.init()``.
+
+Here the survivors ask that question early, from a thread, and keep training
+in the old world while the driver starts the newcomers; they leave the old
+world once the newcomers wait at the new world's rendezvous, and their
+re-initialisation is answered from the early answer.  What the survivors wait
+for is then their own re-initialisation, the sync and a first step: not the
+newcomer's start, with or without a standby.
+
+The protocol rides on the host check every commit already makes: one
+broadcast from rank 0, which now carries a verdict as well.
+
+``ask``
+    Hosts were only added since the last reset, the job runs under
+    horovodrun's elastic Gloo driver and in a loop that re-initialises with
+    the answer (:func:`answers_taken`: ``hvd_elastic.run``'s, not
+    ``hvd.elastic.run``), commits come more often than every quarter of Gloo's
+    rendezvous timeout, and ``HVD_ELASTIC_JOIN_AHEAD`` is not false.  Every
+    rank starts a :class:`Question`; nothing is raised.
+``wait``
+    Asking, and the newcomers are not all at their rendezvous yet.
+``go``
+    As many ranks wait at the new world's rendezvous as it adds.  Every rank
+    raises :class:`JoinInterrupt` with its answer; the reset re-initialises
+    through :func:`.rendezvous.answered_init`.
+``again``
+    Rank 0's question failed, or the newcomers did not come within Gloo's
+    rendezvous timeout (a stock join would have timed out as well).  The
+    interrupt has no answer: the re-initialisation asks the driver again, as a
+    stock reset does, which records the rank as leaving the world that never
+    formed, and the driver starts the next world without the missing host.
+(none)
+    Horovod's own rule: raise when a newer notification came, with
+    ``skip_sync`` when hosts were only removed.
+
+Notifications that come while asking are held for the first check of the next
+world.  A reset for another reason while asking (a failed collective) drops
+the question (:meth:`HostCheck.reset`): its re-initialisation asks again, which
+a driver whose barrier has not passed yet counts once, and one whose barrier
+has passed takes as leaving the new world.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import horovod.torch as hvd
+from hvd_elastic.envvars import env_bool, env_seconds
+from hvd_elastic.training._internal import rendezvous
+from hvd_elastic.training._internal.compat import HostUpdateResult
+from horovod.common.exceptions import HostsUpdatedInterrupt
+
+log = logging.getLogger(__name__)
+
+ENV = "HVD_ELASTIC_JOIN_AHEAD"
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+GLOO_TIMEOUT_DEFAULT_S = 30.0  # gloo_context.cc's default
+POLL_S = 0.02  # rank 0's look at the forming world's store
+ANSWER_WAIT_S = 10.0  # a rank's wait for its own answer once rank 0 has one (the driver sent both at once)
+
+ASK, WAIT, GO, AGAIN = "ask", "wait", "go", "again"
+
+
+_loops_taking_answers = 0  # how many elastic loops of this process re-initialise with a JoinInterrupt's answer
+
+
+def enabled() -> bool:
+    """Whether join-ahead is on (``HVD_ELASTIC_JOIN_AHEAD``, default on); a bad value is a ConfigError."""
+    return env_bool(ENV, True)
+
+
+@contextlib.contextmanager
+def answers_taken():
+    """Within: the elastic loop re-initialises with a :class:`JoinInterrupt`'s answer.  Horovod's own
+    ``hvd.elastic.run`` would ask the driver again, so a state outside this block joins the stock way."""
+    global _loops_taking_answers
+    _loops_taking_answers += 1
+    try:
+        yield
+    finally:
+        _loops_taking_answers -= 1
+
+
+class JoinInterrupt(HostsUpdatedInterrupt):
+    """Hosts were added and the newcomers are ready: leave this world now.  ``answer`` is this rank's
+    place in the next one, for :func:`.rendezvous.answered_init`; None: ask the driver again."""
+
+    def __init__(self, answer: str | None):
+        super().__init__(skip_sync=False)
+        self.answer = answer
+
+
+class Question:
+    """This slot's early ``rank_and_size`` question, asked from a thread; with ``watch``, then the wait
+    for the newcomers: ``arrived`` is set once as many ranks as the new world adds to ``old_size`` wait
+    at its rendezvous."""
+
+    def __init__(self, server: rendezvous.Server, host: str, local_rank: int, old_size: int, watch: bool):
+        self.answer: str | None = None
+        self.error: BaseException | None = None
+        self.answered = threading.Event()
+        self.arrived = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, host, local_rank, old_size, watch),
+                                        name="hvd-elastic-join-ahead", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self, server: rendezvous.Server, host: str, local_rank: int, old_size: int, watch: bool) -> None:
+        try:
+            self.answer = server.ask_rank_and_size(host, local_rank)
+            size = rendezvous.world_size(self.answer)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self.error = exc
+            return
+        finally:
+            self.answered.set()
+        if not watch:
+            return
+        # Until the survivors come, the ranks waiting at the new world's rendezvous are newcomers; a key
+        # stays there until the rendezvous completes, so a rank seen once need not be asked again.
+        waiting: set[int] = set()
+        while len(waiting) < size - old_size and not self._stop.is_set():
+            try:
+                waiting |= server.waiting(set(range(size)) - waiting)
+            except (OSError, http.client.HTTPException):
+                pass  # the driver is busy or gone: look again, the deadline ends the wait
+            if len(waiting) < size - old_size:
+                self._stop.wait(POLL_S)
+        if len(waiting) >= size - old_size:
+            self.arrived.set()
+
+
+class HostCheck:
+    """Horovod's ``State.check_host_updates``, with the join-ahead verdicts.
+
+    ``broadcast(obj)`` is the collective that gives every rank rank 0's object.
+    """
+
+    def __init__(self, broadcast: Callable[[Any], Any]):
+        self._broadcast = broadcast
+        self._enabled = enabled()
+        self._server = rendezvous.Server.from_env()
+        self._deadline_s = env_seconds(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_DEFAULT_S)
+        self._held: list[tuple[float, int]] = []
+        self._question: Question | None = None
+        self._asked_timestamp = 0.0
+        self._asked_at = 0.0
+        self._last_check: float | None = None
+        self._interval = float("inf")
+
+    def check(self, last_updated: float, messages: queue.Queue) -> tuple[float, HostsUpdatedInterrupt | None]:
+        """Collective: the new ``last_updated`` timestamp, and the interrupt to raise (None: train on)."""
+        now = time.monotonic()
+        if self._last_check is not None:
+            self._interval = now - self._last_check
+        self._last_check = now
+        while not messages.empty():
+            self._held.append(messages.get())
+        if self._question is None:
+            newest, update = self._fold(last_updated)
+            self._held.clear()
+        else:
+            newest, update = last_updated, HostUpdateResult.no_update
+        verdict = self._verdict(last_updated, newest, update, now) if hvd.rank() == 0 else None
+        prev, newest, update, verdict = self._broadcast((last_updated, newest, update, verdict))
+        if verdict == ASK:
+            self._ask(newest, now)
+            return prev, None
+        if verdict == WAIT:
+            return prev, None
+        if verdict in (GO, AGAIN):
+            answer = self._answer_for(verdict)
+            asked, self._asked_timestamp = self._asked_timestamp, 0.0
+            self.reset()
+            return asked, JoinInterrupt(answer)
+        if newest > prev:
+            return newest, HostsUpdatedInterrupt(update == HostUpdateResult.removed)
+        return newest, None
+
+    def reset(self) -> None:
+        """Drop the question (after any reset: the next world starts without one)."""
+        if self._question is not None:
+            self._question.stop()
+            self._question = None
+
+    def _fold(self, last_updated: float) -> tuple[float, int]:
+        newest, update = last_updated, HostUpdateResult.no_update
+        for timestamp, result in self._held:
+            if timestamp > last_updated:
+                newest = max(newest, timestamp)
+                update |= result
+        return newest, update
+
+    def _verdict(self, prev: float, newest: float, update: int, now: float) -> str | None:
+        question = self._question
+        if question is not None:
+            if question.arrived.is_set():
+                return GO
+            if question.error is not None or now - self._asked_at > self._deadline_s:
+                return AGAIN
+            return WAIT
+        if (newest > prev and update == HostUpdateResult.added and self._enabled and self._server is not None
+                and _loops_taking_answers > 0 and self._interval < self._deadline_s / 4):
+            return ASK
+        return None
+
+    def _ask(self, timestamp: float, now: float) -> None:
+        self._asked_timestamp, self._asked_at = timestamp, now
+        self._question = Question(self._server, os.environ.get("HOROVOD_HOSTNAME", ""), hvd.local_rank(),
+                                  hvd.size(), watch=hvd.rank() == 0)
+        if hvd.rank() == 0:
+            log.info("hosts added: training on at %d ranks while horovodrun starts the new ones", hvd.size())
+
+    def _answer_for(self, verdict: str) -> str | None:
+        question = self._question
+        if verdict == AGAIN:
+            log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
+                        "re-initialising the stock way", self._deadline_s, _why(question))
+            return None
+        if not question.answered.wait(ANSWER_WAIT_S) or question.answer is None:
+            log.warning("join ahead: no answer from the rendezvous server (%s); re-initialising the stock way",
+                        _why(question))
+            return None
+        return question.answer
+
+
+def _why(question: Question | None) -> str:
+    if question is None or question.error is None:
+        return "no error"
+    return f"{type(question.error).__name__}: {question.error}"

@@ -1,0 +1,160 @@
+"""Horovod's elastic rendezvous server, as a worker sees it: its two questions, and a relay that answers one.
+
+horovodrun's driver serves one HTTP key-value store (``horovod/runner/http/
+http_server.py``, address in the workers' ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` and
+``_PORT``).  Two of its uses matter here:
+
+* ``GET /rank_and_size/<host>:<local_rank>``: what a worker's re-initialisation
+  asks first (``gloo_context.cc``, elastic mode after a shutdown).  The driver
+  records the worker as ready for the next world and answers only when every
+  worker of the current world has done so or ended
+  (``registration.py: WorkerStateRegistry``): then it starts the new world's
+  workers and answers ``rank,size,local_rank,local_size,cross_rank,cross_size``
+  (``-1,...`` for a slot that is not in the new world);
+* ``/global/<rank>``: where each rank of a forming world publishes its Gloo
+  address (``gloo/rendezvous/context.cc: connectFullMesh``); the driver clears
+  the store when it starts a world, so a key there is a rank of the newest
+  world already waiting for its peers.
+
+A worker that asked the first question early (:mod:`.join_ahead`) must not ask
+it again at its re-initialisation: a second question would record it as
+leaving the world that has just started.  :func:`answered_init` runs
+``hvd.init()`` against a :class:`Relay` on loopback that answers that question
+from the early answer and forwards every other request to the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+ADDR_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+PORT_ENV = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+RANK_AND_SIZE = "rank_and_size"
+GLOBAL_SCOPE = "global"  # HOROVOD_GLOO_GLOBAL_PREFIX
+FORWARD_TIMEOUT_S = 30.0  # the relay's wait for the driver; the driver answers store requests at once
+
+
+@dataclass(frozen=True)
+class Server:
+    """The driver's rendezvous server."""
+
+    addr: str
+    port: int
+
+    @classmethod
+    def from_env(cls) -> Server | None:
+        """The server horovodrun named in this worker's environment; None outside an elastic Gloo job."""
+        addr, port = os.environ.get(ADDR_ENV, ""), os.environ.get(PORT_ENV, "")
+        if not addr or not port.isdigit() or os.environ.get("HOROVOD_ELASTIC") != "1":
+            return None
+        return cls(addr, int(port))
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                timeout: float | None = FORWARD_TIMEOUT_S) -> tuple[int, bytes]:
+        """One HTTP request; its status and body.  ``timeout=None`` waits as long as the driver does."""
+        connection = http.client.HTTPConnection(self.addr, self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def ask_rank_and_size(self, host: str, local_rank: int) -> str:
+        """Record this slot ready for the next world and return its place there (blocks until the
+        driver's barrier passes, as a re-initialisation does)."""
+        status, body = self.request("GET", f"/{RANK_AND_SIZE}/{host}:{local_rank}", timeout=None)
+        if status != 200:
+            raise OSError(f"rendezvous server {self.addr}:{self.port} answered {status} to rank_and_size")
+        return body.decode("ascii")
+
+    def waiting(self, ranks: Iterable[int]) -> set[int]:
+        """Those of ``ranks`` that have published their address in the forming world."""
+        return {rank for rank in ranks if self.request("GET", f"/{GLOBAL_SCOPE}/{rank}", timeout=5.0)[0] == 200}
+
+
+def world_size(answer: str) -> int:
+    """The new world's size in a ``rank_and_size`` answer (-1 when this slot is not in it)."""
+    fields = answer.split(",")
+    if len(fields) != 6:
+        raise ValueError(f"rank_and_size answer {answer!r}: expected six comma-separated numbers")
+    return int(fields[1])
+
+
+class Relay(http.server.ThreadingHTTPServer):
+    """Loopback HTTP server: ``rank_and_size`` answered with ``answer``, everything else forwarded to
+    ``upstream`` (status and body unchanged)."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: Server, answer: str):
+        super().__init__(("127.0.0.1", 0), _RelayHandler)
+        self.upstream = upstream
+        self.answer = answer.encode("ascii")
+
+
+class _RelayHandler(http.server.BaseHTTPRequestHandler):
+    server: Relay
+
+    def do_GET(self) -> None:
+        if self.path.startswith(f"/{RANK_AND_SIZE}/"):
+            self._reply(200, self.server.answer)
+        else:
+            self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        try:
+            status, reply = self.server.upstream.request(self.command, self.path, body)
+        except OSError:
+            status, reply = 502, b""  # Horovod's store client retries anything but 200 and 404
+        self._reply(status, reply)
+
+    def _reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 -- the base class's name
+        pass  # Gloo polls the store every 10 ms: one line per request would drown the job's output
+
+
+
+@contextlib.contextmanager
+def answered_init(answer: str) -> Iterator[None]:
+    """Within the block, this process's rendezvous server is a :class:`Relay` that gives ``answer`` to
+    ``rank_and_size``: call ``hvd.init()`` in it.  The real server is named again on leaving."""
+    upstream = Server.from_env()
+    if upstream is None:
+        raise RuntimeError(f"answered_init: {ADDR_ENV}/{PORT_ENV} do not name an elastic rendezvous server")
+    relay = Relay(upstream, answer)
+    thread = threading.Thread(target=relay.serve_forever, name="hvd-elastic-rendezvous-relay", daemon=True)
+    thread.start()
+    # Horovod reads both variables with getenv() during hvd.init(); os.environ writes through to it.
+    os.environ[ADDR_ENV], os.environ[PORT_ENV] = "127.0.0.1", str(relay.server_address[1])
+    try:
+        yield
+    finally:
+        os.environ[ADDR_ENV], os.environ[PORT_ENV] = upstream.addr, str(upstream.port)
+        # shutdown() waits out serve_forever's poll (0.5 s): the new world need not wait with it.
+        threading.Thread(target=_close, args=(relay, thread), name="hvd-elastic-relay-close", daemon=True).start()
+
+
+def _close(relay: Relay, thread: threading.Thread) -> None:
+    relay.shutdown()
+    relay.server_close()
+    thread.join()
