@@ -2,10 +2,12 @@
 
 Elastic horovodrun (Gloo, hosts ``localhost`` and ``127.0.0.1``, host-file
 discovery) trains :mod:`testbed.worker` at two slots; a third slot
-joins on ``127.0.0.1`` by a host-file edit.  Horovod starts the joining worker
-only after the survivors stopped at their commit, so without a standby they
-wait through its whole start-up.  Three modes, interleaved round by round (the
-first alternates), same hosts, model and horovodrun flags:
+joins on ``127.0.0.1`` by a host-file edit.  Stock Horovod starts the joining
+worker only after the survivors stopped at their commit, so they wait through
+its whole start-up; hvd-elastic's join-ahead (``--join-ahead off`` measures
+without it) lets them train on until it waits at its rendezvous.  Three modes,
+interleaved round by round (the first alternates), same hosts, model and
+horovodrun flags:
 
 * horovod      -- stock Horovod elastic (``TorchState`` + ``ElasticSampler``), the
                   worker started directly, as horovodrun does;

@@ -81,6 +81,7 @@ JOINER = "hvdtb4"
 BASE_HOSTS = ("hvdtb1", "hvdtb2", "hvdtb3")
 COOLDOWN = ("--blacklist-cooldown-range", "2", "3")
 GLOO_TIMEOUT = 60  # set by --gloo-timeout
+WORKER_ARGS: tuple[str, ...] = ()  # set by --worker-import
 WAIT = 3 * GLOO_TIMEOUT + 60  # every wait is bounded
 
 
@@ -102,10 +103,10 @@ class Round:
         self.consul = mode != "horovod"
         self.hosts = list(BASE_HOSTS)
         if mode == "horovod":
-            self.job = cluster.start_job(3, 2, 4, "--api", "horovod", out=out, host_file=self._lines(),
-                                         horovodrun_args=COOLDOWN)
+            self.job = cluster.start_job(3, 2, 4, "--api", "horovod", *WORKER_ARGS, out=out,
+                                         host_file=self._lines(), horovodrun_args=COOLDOWN)
         else:
-            self.job = cluster.start_job(3, 2, 4, out=out, horovodrun_args=COOLDOWN)
+            self.job = cluster.start_job(3, 2, 4, *WORKER_ARGS, out=out, horovodrun_args=COOLDOWN)
         cluster.wait_steps(self.job, size=3, steps=5, timeout=WAIT)
 
     def _lines(self, hosts=None) -> str:
@@ -245,8 +246,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="give horovodrun's ssh keep-alives (ServerAliveInterval 2); default: OpenSSH's defaults")
     parser.add_argument("--standby", action="store_true",
                         help="also measure hvd-elastic with a warm standby on every host (HashiCorp Consul)")
+    parser.add_argument("--worker-import", default="", metavar="MOD[,MOD...]",
+                        help="modules every worker imports before hvd.init() (a heavier start-up, say "
+                             "torch._inductor.compile_fx); the standbys preload them too")
     parser.add_argument("--json", type=Path, default=RESULTS / "recovery.json")
     args = parser.parse_args(argv)
+    global WORKER_ARGS
+    WORKER_ARGS = ("--import", args.worker_import) if args.worker_import else ()
     if args.gloo_timeout < 1:
         parser.error(f"--gloo-timeout {args.gloo_timeout}: expected a number of seconds >= 1")
     set_gloo_timeout(args.gloo_timeout)
@@ -269,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hvd-elastic-recovery.") as tmp:
         for r in range(args.rounds):
             for kind in (clusters if r % 2 == 0 else clusters[::-1]):
-                standby = {"standby": STANDBY, "preload": "psutil"} if kind == "standby" else {}
+                preload = ",".join(filter(None, ["psutil", args.worker_import]))
+                standby = {"standby": STANDBY, "preload": preload} if kind == "standby" else {}
                 with ElasticCluster(Path(tmp) / f"{kind}-{r}", hosts=4, ttl=3.0, gloo_timeout=GLOO_TIMEOUT,
                                     consul="dev" if kind == "dev" else "consul", ssh_keepalive=args.ssh_keepalive,
                                     **standby) as cluster:
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                         run_round(cluster, mode, Path(tmp) / f"{mode.replace('/', '-')}-{r}", events, samples, r)
 
     rows, report = [], {"rounds": args.rounds, "gloo_timeout_s": GLOO_TIMEOUT, "hosts": 4, "clusters": clusters,
+                        "worker_import": args.worker_import,
                         "ssh_keepalive": args.ssh_keepalive, "recovery_cap_s": recovery_cap(), "events": {}}
     for event in events:
         base = [s["seconds"] for s in samples[event]["horovod"]]
@@ -320,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     report["rows"] = rows
     print()
     print(format_table(f"event -> first committed step at the new size, 4 netns hosts over ssh, gloo timeout "
-                       f"{GLOO_TIMEOUT} s, ssh {'with' if args.ssh_keepalive else 'without'} keep-alives "
-                       f"({load_note(load_at_start)})", rows))
+                       f"{GLOO_TIMEOUT} s, ssh {'with' if args.ssh_keepalive else 'without'} keep-alives"
+                       + (f", workers import {args.worker_import}" if args.worker_import else "")
+                       + f" ({load_note(load_at_start)})", rows))
     for event in events:
         for mode, count in report["events"][event]["not_recovered"].items():
             if count:

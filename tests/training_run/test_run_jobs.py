@@ -161,6 +161,15 @@ def test_mpirun_resumes_a_checkpoint_written_under_horovodrun(reference, tmp_pat
     assert names.count("commit") == TOTAL_STEPS - 40 and "reset" not in names and names[-1] == "finish"
 
 
+def a_few_more_steps_then_stop(job: TrainJob, stop_file: Path) -> list[dict]:
+    """Let ``job`` commit three more steps, stop it through ``stop_file``; its event log."""
+    step = job.progress()["step"]
+    job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3, WAIT)
+    stop_file.touch()
+    job.finish(FINISH)
+    return EventLog.read(job.events)
+
+
 def test_elastic_resets_are_logged_with_reason_and_sizes(tmp_path):
     """Join (2 -> 3), kill -9 of the joined worker (3 -> 2), then stop: the event log tells it.
 
@@ -181,11 +190,7 @@ def test_elastic_resets_are_logged_with_reason_and_sizes(tmp_path):
         pid_file = job.out / "worker-127.0.0.1-0.pid"
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
         job.wait_until("2 ranks again", lambda: job.progress()["size"] == 2, WAIT)
-        step = job.progress()["step"]
-        job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3, WAIT)
-        (tmp_path / "stop").touch()
-        job.finish(FINISH)
-    events = EventLog.read(job.events)
+        events = a_few_more_steps_then_stop(job, tmp_path / "stop")
     resets = [e for e in events if e["event"] == "reset"]
     sizes = [(e["reason"], e["old_size"], e["new_size"]) for e in resets]
     # Blacklisting 127.0.0.1 may reach rank 0 later as a removal: a 2 -> 2 reset.
@@ -218,11 +223,7 @@ def test_a_newcomer_that_dies_before_its_rendezvous_never_stops_the_survivors(tm
         hosts.write_text("localhost:2\n127.0.0.1:1\n")
         job.wait_until("the give-up reset", lambda: any(e["event"] == "reset" for e in EventLog.read(job.events)),
                        WAIT)
-        step = job.progress()["step"]
-        job.wait_until("a few more steps", lambda: job.progress()["step"] >= step + 3, WAIT)
-        (tmp_path / "stop").touch()
-        job.finish(FINISH)
-    events = EventLog.read(job.events)
+        events = a_few_more_steps_then_stop(job, tmp_path / "stop")
     resets = [e for e in events if e["event"] == "reset"]
     first = resets[0]
     assert (first["reason"], first["hosts"], first["old_size"], first["new_size"], first["joined_ahead"]) == (
