@@ -230,8 +230,9 @@ class HostCheck:
     def _answer_for(self, verdict: str) -> str | None:
         question = self._question
         if verdict == AGAIN:
-            log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
-                        "re-initialising the stock way", self._deadline_s, _why(question))
+            if hvd.rank() == 0:  # rank 0's verdict: one line per job, not per rank
+                log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
+                            "re-initialising the stock way", self._deadline_s, _why(question))
             return None
         if not question.answered.wait(ANSWER_WAIT_S) or question.answer is None:
             log.warning("join ahead: no answer from the rendezvous server (%s); re-initialising the stock way",
