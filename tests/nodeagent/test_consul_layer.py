@@ -127,11 +127,12 @@ def test_the_node_agent_imports_no_discovery_internals():
 
 # The Consul client side has ONE transport; the dev agent's own server and its HTTP health checks
 # (Consul calling a user's service) are not Consul clients.  The reaper's check of a lost host
-# (discovery/host_answers.py) waits for an sshd's greeting, not Consul.  (The test bed's request
+# (discovery/host_answers.py) waits for an sshd's greeting, not Consul; join-ahead's
+# (training/_internal/rendezvous.py) talks to horovodrun's rendezvous server.  (The test bed's request
 # helper, testbed/consul.py, is deliberately an independent client, the oracle tests check our layer
 # against; it is outside the package, so outside this check.)
 CLIENT_MODULES = {"http.client", "urllib.request", "requests", "consul", "httpx", "aiohttp"}
-NOT_CLIENTS = {"devagent/checks.py", "discovery/host_answers.py"}
+NOT_CLIENTS = {"devagent/checks.py", "discovery/host_answers.py", "training/_internal/rendezvous.py"}
 
 
 def test_one_consul_transport():

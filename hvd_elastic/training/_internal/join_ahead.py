@@ -49,7 +49,6 @@ has passed takes as leaving the new world.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import logging
 import os
 import queue
@@ -125,7 +124,7 @@ class Question:
         try:
             self.answer = server.ask_rank_and_size(host, local_rank)
             size = rendezvous.world_size(self.answer)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (*rendezvous.ERRORS, ValueError) as exc:
             self.error = exc
             return
         finally:
@@ -138,7 +137,7 @@ class Question:
         while len(waiting) < size - old_size and not self._stop.is_set():
             try:
                 waiting |= server.waiting(set(range(size)) - waiting)
-            except (OSError, http.client.HTTPException):
+            except rendezvous.ERRORS:
                 pass  # the driver is busy or gone: look again, the deadline ends the wait
             if len(waiting) < size - old_size:
                 self._stop.wait(POLL_S)

@@ -38,6 +38,8 @@ PORT_ENV = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 RANK_AND_SIZE = "rank_and_size"
 GLOBAL_SCOPE = "global"  # HOROVOD_GLOO_GLOBAL_PREFIX
 FORWARD_TIMEOUT_S = 30.0  # the relay's wait for the driver; the driver answers store requests at once
+#: What a request to the server may raise when the driver is busy, gone or answers nonsense.
+ERRORS = (OSError, http.client.HTTPException)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         try:
             status, reply = self.server.upstream.request(self.command, self.path, body)
-        except OSError:
+        except ERRORS:
             status, reply = 502, b""  # Horovod's store client retries anything but 200 and 404
         self._reply(status, reply)
 
