@@ -134,15 +134,14 @@ class Question:
         # Until the survivors come, the ranks waiting at the new world's rendezvous are newcomers; a key
         # stays there until the rendezvous completes, so a rank seen once need not be asked again.
         waiting: set[int] = set()
-        while len(waiting) < size - old_size and not self._stop.is_set():
+        while len(waiting) < size - old_size:
             try:
                 waiting |= server.waiting(set(range(size)) - waiting)
             except rendezvous.ERRORS:
                 pass  # the driver is busy or gone: look again, the deadline ends the wait
-            if len(waiting) < size - old_size:
-                self._stop.wait(POLL_S)
-        if len(waiting) >= size - old_size:
-            self.arrived.set()
+            if len(waiting) < size - old_size and self._stop.wait(POLL_S):
+                return  # dropped: this world ended another way
+        self.arrived.set()
 
 
 class HostCheck:

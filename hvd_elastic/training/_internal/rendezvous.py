@@ -135,7 +135,6 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
         pass  # Gloo polls the store every 10 ms: one line per request would drown the job's output
 
 
-
 @contextlib.contextmanager
 def answered_init(answer: str) -> Iterator[None]:
     """Within the block, this process's rendezvous server is a :class:`Relay` that gives ``answer`` to
