@@ -14,7 +14,9 @@ all of them alike:
 * sync: ``sync()`` against ONE ``hvd.broadcast_`` of a flat tensor of the same
   bytes: when every rank holds the committed state (after a failure all
   restored from: digests only, nothing moves), when rank 1 lacks it (as a
-  joiner; rank 0 sends its committed copy), and after a standalone
+  joiner: its lineage shows it, nobody hashes, rank 0 sends its committed
+  copy), when rank 1 shares rank 0's lineage but its tensors diverged (the
+  digests show it, then the same transfer), and after a standalone
   ``check_host_updates()`` (rank 0 copies its live tensors while sending);
   Horovod's ``TorchState.sync`` beside them, and the floor of any sync that
   leaves a committed copy beside the live state: the flat broadcast followed
@@ -213,12 +215,23 @@ class Bench:
                         t.add_(1)
                 ours.save()
 
+        def diverged():
+            # Both ranks save in lockstep (same lineage), but rank 1's tensors moved first: only
+            # the digests can tell, and rank 1 is sent everything.
+            ours.restore()
+            if hvd.rank() == 1:
+                with torch.no_grad():
+                    for t in self.mine.tensors():
+                        t.add_(1)
+            ours.save()
+
         samples.update(self.timed({
             "broadcast_": lambda: hvd.broadcast_(flat, 0, name="bench.flat"),
             "broadcast_+copy_": broadcast_and_copy,
             "ours.sync (held)": ours.sync,
             "ours.sync (no copy)": ours.sync,
             "ours.sync (copy)": ours.sync,
+            "ours.sync (diverged)": ours.sync,
             "torchstate.sync": theirs.sync,
         }, args.sync_rounds, prepare={
             # After a collective failure everyone restored from: every rank holds the
@@ -229,13 +242,14 @@ class Bench:
             # A standalone host check: the live state may have moved on in ways
             # version counters miss, so rank 0 copies it while sending.
             "ours.sync (copy)": ours.check_host_updates,
+            "ours.sync (diverged)": diverged,
         }))
         flat.resize_(0)  # its memory back (the lambda above is not called again)
         if second is not None:
             second.resize_(0)
-        wire = self.slowest(wire)  # one per ours.sync call: held, no copy, copy, held, ...
-        samples["ours.sync (no copy): transfer"] = wire[1::3]
-        samples["ours.sync (copy): transfer"] = wire[2::3]
+        wire = self.slowest(wire)  # one per ours.sync call: held, no copy, copy, diverged, held, ...
+        samples["ours.sync (no copy): transfer"] = wire[1::4]
+        samples["ours.sync (copy): transfer"] = wire[2::4]
 
         # throughput: one training step (+ commit) per sample, the variants alternating
         # step by step so that bursts of load from other processes hit them alike.
@@ -271,6 +285,8 @@ class Bench:
             row("sync after host check (copy)", "ours.sync (copy)", "broadcast_", 1.2),
             row("  vs the floor", "ours.sync (copy)", "broadcast_+copy_"),
             row("  of which the transfer", "ours.sync (copy): transfer"),
+            row("sync to a survivor that diverged (digests)", "ours.sync (diverged)", "broadcast_"),
+            row("  vs the floor", "ours.sync (diverged)", "broadcast_+copy_"),
             row("sync, TorchState", "torchstate.sync", "broadcast_"),
             row("train step (baseline)", "step"),
             row("train step + commit", "ours.step+commit", "step", 1.03),

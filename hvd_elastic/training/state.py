@@ -79,7 +79,7 @@ from horovod.common.elastic import State
 from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
-from hvd_elastic.training._internal.objects import broadcast_object
+from hvd_elastic.training._internal.objects import allgather_object, broadcast_object
 from hvd_elastic.training._internal.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, copy_tensors
 from hvd_elastic.training._internal.rng import RNGState
 from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, tree_copy
@@ -214,8 +214,12 @@ class TrainingState(State):
         Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``;
         restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` (this rank's
         ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``,
-        ``broadcast`` or ``stripes``), ``receivers`` (ranks that were sent tensors)
-        and ``broadcast_seconds`` (the transfer, with the copies it overlaps).
+        ``broadcast`` or ``stripes``), ``receivers`` (ranks that were sent tensors),
+        ``plan`` (how the receivers were found: ``fresh``, rank 0's live tensors
+        moved on since its commit, so everyone; ``lineages``, no other rank
+        descends from rank 0's commit, so everyone, without hashing; ``digests``,
+        the ranks that do compared digests of their buffers) and
+        ``broadcast_seconds`` (the transfer, with the copies it overlaps).
         """
         self._listeners.append(fn)
 
@@ -311,15 +315,18 @@ class TrainingState(State):
     def sync(self) -> None:
         """Make every rank equal to rank 0's live state, and commit it locally.
 
-        Collective.  Rank 0 broadcasts its layout and small state (one
-        collective, :mod:`~hvd_elastic.training._internal.objects`).  Then, when rank 0's tensors are still those of
-        its last commit, restore or sync (nothing but ``commit()`` checked for
-        host updates since, and PyTorch's version counters did not move), every
-        rank proves with digests of its commit buffer which tensors it already
-        holds exactly (:mod:`~hvd_elastic.training._internal.transfer`), and only the
-        rest moves: nothing after a failure all survivors restored from, the
-        joiner's share after a join.  Otherwise rank 0 copies its live tensors
-        and broadcasts them to everyone.  Changes made through ``.data``
+        Collective.  Rank 0 sends its layout and small state while every other
+        rank sends its lineage (one collective,
+        :mod:`~hvd_elastic.training._internal.objects`).  Then, when rank 0's tensors are
+        still those of its last commit, restore or sync (nothing but ``commit()``
+        checked for host updates since, and PyTorch's version counters did not
+        move), the ranks of rank 0's lineage prove with digests of their commit
+        buffers which tensors they already hold exactly
+        (:mod:`~hvd_elastic.training._internal.transfer`), and only the rest moves:
+        nothing after a failure all survivors restored from, the joiner's share
+        after a join; when no rank shares the lineage, nobody hashes and every
+        rank is sent everything.  Otherwise rank 0 copies its live tensors and
+        broadcasts them to everyone.  Changes made through ``.data``
         escape version counters: ``commit()`` after making them.
         """
         start = time.perf_counter()
@@ -338,11 +345,17 @@ class TrainingState(State):
                 if fresh:
                     self._lineage = transfer.new_lineage()
             header = {"layout": layout.describe(), "meta": meta, "fresh": fresh, "lineage": self._lineage}
-            broadcast_object(header, root_rank=0, name="hvd_elastic.sync.header")
+            # Rank 0 offers the header, every other rank its lineage: one collective tells
+            # everyone who may hold rank 0's committed tensors at all.
+            offers = allgather_object(header, name="hvd_elastic.sync.header")
         else:
-            header = broadcast_object(None, root_rank=0, name="hvd_elastic.sync.header")
+            offers = allgather_object(self._lineage, name="hvd_elastic.sync.header")
+            header = offers[0]
             layout, meta, fresh = FlatLayout.parse(header["layout"]), header["meta"], header["fresh"]
             live = self._live_tensors()
+        lineage = tuple(header["lineage"])
+        # Only ranks of rank 0's lineage can hold its tensors; with none, nobody hashes.
+        sharers = [r for r in range(1, size) if tuple(offers[r]) == lineage]
         targets = {} if rank == 0 else self._targets(meta)
         done: set[str] = set()
         with self.snapshot_lock:
@@ -350,10 +363,10 @@ class TrainingState(State):
             # A rank whose live tensors are its committed ones needs no unpacking of what it holds.
             clean = held and self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
             buffer = self._buffer_for(layout)
-            if fresh:
-                chosen = transfer.Plan.everyone(size, len(layout))
+            if fresh or not sharers:
+                chosen, proof = transfer.Plan.everyone(size, len(layout)), "fresh" if fresh else "lineages"
             else:
-                chosen = self._plan(buffer if held else None, tuple(header["lineage"]), len(layout))
+                chosen, proof = self._plan(buffer if held else None, lineage, len(layout)), "digests"
 
             def fill(indices: list[int]) -> None:
                 buffer.copy_indices(indices, live)
@@ -373,7 +386,7 @@ class TrainingState(State):
             method = transfer.methods(todo)
             wire = time.perf_counter() - wire
             self._meta = meta
-            self._lineage = tuple(header["lineage"])
+            self._lineage = lineage
             if rank != 0:
                 kept = [i for i in range(len(layout)) if i not in chosen.needs[rank]]
                 if clean:
@@ -388,14 +401,13 @@ class TrainingState(State):
         self._apply_world()
         # broadcast_seconds: the transfer, with the copies overlapping it
         self._emit("sync", seconds=time.perf_counter() - start, bytes=sent + received, sent_bytes=sent,
-                   received_bytes=received, transfer=method, receivers=len(chosen.receivers),
+                   received_bytes=received, transfer=method, receivers=len(chosen.receivers), plan=proof,
                    broadcast_seconds=wire)
 
     def _plan(self, held: FlatBuffer | None, lineage: tuple[int, int], count: int) -> transfer.Plan:
         """Who lacks which of rank 0's committed tensors (collective, one allgather): the ranks whose
-        lineage is rank 0's prove with digests which tensors they hold; the others hold none.  Rank 0
-        hashes even when no other rank shares its lineage (a world of newcomers, rare): an allgather
-        of the lineages first would cost every sync one more collective."""
+        lineage is rank 0's prove with digests which tensors they hold; the others hold none and
+        hash nothing.  Called only when some rank besides 0 shares its lineage."""
         mine = held is not None and self._lineage == lineage
         table = transfer.digests(held if mine else None, count)
         return transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))

@@ -51,6 +51,7 @@ def test_a_joiner_gets_stripes_from_every_survivor_and_the_survivors_get_nothing
     assert_identical(ranks)
     syncs = [r["sync"] for r in ranks]
     assert [s["transfer"] for s in syncs] == ["stripes"] * 4 and syncs[0]["receivers"] == 1
+    assert {s["plan"] for s in syncs} == {"digests"}
     assert syncs[1]["received_bytes"] == syncs[2]["received_bytes"] == 0
     # the three donors each sent about a third of what the joiner received
     total = syncs[3]["received_bytes"]
@@ -77,15 +78,26 @@ def test_a_survivor_one_commit_behind_is_detected_and_synced(results):
     assert syncs[2]["received_bytes"] == syncs[3]["received_bytes"] > 100 * BN_STATS
 
 
+def test_newcomers_around_one_survivor_get_everything_without_digests(results):
+    ranks = results("newcomers")
+    assert_identical(ranks)
+    syncs = [r["sync"] for r in ranks]
+    # no rank shares rank 0's lineage: the plan comes from the lineages alone, nobody hashes
+    assert all(s["plan"] == "lineages" and s["transfer"] == "broadcast" for s in syncs)
+    assert syncs[0]["receivers"] == 3
+    assert all(s["received_bytes"] == syncs[0]["sent_bytes"] > 0 for s in syncs[1:])
+
+
 def test_after_a_failure_everyone_restored_from_nothing_moves(results):
     ranks = results("restored")
     assert_identical(ranks)
     assert all(r["sync"]["transfer"] == "none" and r["sync"]["bytes"] == 0 for r in ranks)
+    assert all(r["sync"]["plan"] == "digests" for r in ranks)
 
 
 def test_rank_0_live_state_newer_than_its_commit_goes_to_everyone(results):
     ranks = results("fresh")
     assert_identical(ranks)
     syncs = [r["sync"] for r in ranks]
-    assert all(s["transfer"] == "broadcast" for s in syncs)
+    assert all(s["transfer"] == "broadcast" and s["plan"] == "fresh" for s in syncs)
     assert all(s["received_bytes"] == syncs[0]["sent_bytes"] > 0 for s in syncs[1:])

@@ -10,6 +10,8 @@ then changes some ranks the way resets do and calls ``sync()``:
 * ``behind``: rank 2 holds the commit before its peers' last one (a failure
   between their commits; loaded from a snapshot, so a lineage of its own),
   rank 3 is brand new; statistics drifted too;
+* ``newcomers``: ranks 1 to 3 are brand new (a world regrown around its one
+  survivor): nobody shares rank 0's lineage;
 * ``restored``: a failure everyone restored from: nobody needs anything;
 * ``fresh``: rank 0 changed its live tensors after its commit, so every rank
   gets rank 0's copy.
@@ -72,7 +74,8 @@ def scenario(name: str, seed_base: int) -> None:
     train(model, optimizer, state, 1, same_data)
     one_behind = state.snapshot(copy=True)
     train(model, optimizer, state, 1, same_data)
-    if name == "joiner" and rank == 3 or name == "two_joiners" and rank >= 2 or name == "behind" and rank == 3:
+    if (name == "joiner" and rank == 3 or name == "two_joiners" and rank >= 2 or name == "behind" and rank == 3
+            or name == "newcomers" and rank >= 1):
         model, optimizer, state = build(seed_base + 1 + rank)  # brand new, never stepped
     if name == "behind" and rank == 2:
         # Its peers' last commit went through, its own did not: it holds the one before.
@@ -101,7 +104,7 @@ def scenario(name: str, seed_base: int) -> None:
 def main() -> None:
     hvd.init()
     assert hvd.size() == 4
-    for i, name in enumerate(("joiner", "two_joiners", "behind", "restored", "fresh")):
+    for i, name in enumerate(("joiner", "two_joiners", "behind", "newcomers", "restored", "fresh")):
         scenario(name, 10 * i)
 
 
