@@ -67,6 +67,7 @@ the next commit overwrites them.  A background writer must either hold
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -218,8 +219,9 @@ class TrainingState(State):
         ``plan`` (how the receivers were found: ``fresh``, rank 0's live tensors
         moved on since its commit, so everyone; ``lineages``, no other rank
         descends from rank 0's commit, so everyone, without hashing; ``digests``,
-        the ranks that do compared digests of their buffers) and
-        ``broadcast_seconds`` (the transfer, with the copies it overlaps).
+        the ranks outside its lineage first, then whatever the digests show
+        differs) and ``broadcast_seconds`` (the transfers, with the copies and
+        the hashing they overlap).
         """
         self._listeners.append(fn)
 
@@ -320,12 +322,13 @@ class TrainingState(State):
         :mod:`~hvd_elastic.training._internal.objects`).  Then, when rank 0's tensors are
         still those of its last commit, restore or sync (nothing but ``commit()``
         checked for host updates since, and PyTorch's version counters did not
-        move), the ranks of rank 0's lineage prove with digests of their commit
-        buffers which tensors they already hold exactly
-        (:mod:`~hvd_elastic.training._internal.transfer`), and only the rest moves:
-        nothing after a failure all survivors restored from, the joiner's share
-        after a join; when no rank shares the lineage, nobody hashes and every
-        rank is sent everything.  Otherwise rank 0 copies its live tensors and
+        move), only what ranks lack moves
+        (:mod:`~hvd_elastic.training._internal.transfer`): ranks outside rank 0's
+        lineage are sent everything at once, while the ranks of the lineage
+        prove with digests of their commit buffers which tensors they hold
+        exactly, and then what the digests show differs moves.  So nothing
+        moves after a failure all survivors restored from, and after a join
+        only the joiner's share.  Otherwise rank 0 copies its live tensors and
         broadcasts them to everyone.  Changes made through ``.data``
         escape version counters: ``commit()`` after making them.
         """
@@ -363,10 +366,19 @@ class TrainingState(State):
             # A rank whose live tensors are its committed ones needs no unpacking of what it holds.
             clean = held and self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
             buffer = self._buffer_for(layout)
-            if fresh or not sharers:
-                chosen, proof = transfer.Plan.everyone(size, len(layout)), "fresh" if fresh else "lineages"
-            else:
-                chosen, proof = self._plan(buffer if held else None, lineage, len(layout)), "digests"
+            count = len(layout)
+            # Round one, from the lineages: rank 0's copy to everyone when it is new, else everything
+            # to the ranks outside its lineage, from rank 0 and the ranks of its lineage.
+            first = transfer.Plan.everyone(size, count) if fresh else transfer.Plan.lacking(
+                size, count, (r for r in range(1, size) if r not in sharers))
+            # Round two, from the digests, whenever a rank besides 0 is trusted by its lineage: the
+            # ranks of the lineage hash their buffers while round one is on the wire, its receivers
+            # what they are sent.
+            verify = not fresh and bool(sharers)
+            table = transfer.empty_table(count)
+            hashing = verify and held and self._lineage == lineage
+            meanwhile = [functools.partial(transfer.hash_into, table, buffer, [i])
+                         for i in range(count if hashing else 0)]
 
             def fill(indices: list[int]) -> None:
                 buffer.copy_indices(indices, live)
@@ -375,14 +387,29 @@ class TrainingState(State):
                 # Straight into the live tensors while the next bucket is on the wire.
                 done.update(self._unpack(buffer, indices, targets))
 
+            def unpack_and_hash(indices: list[int]) -> None:
+                unpack(indices)
+                transfer.hash_into(table, buffer, indices)
+
             wire = time.perf_counter()
-            todo = transfer.units(buffer, chosen, self.bucket_bytes)
+            todo = transfer.units(buffer, first, self.bucket_bytes)
             copying = fresh and rank == 0
             if copying and not todo:
                 buffer.copy_from(live)  # alone: nobody to send to, but the copy is still the commit
             sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket",
-                                               fill=fill if copying else None, unpack=unpack,
-                                               window_bytes=2 * self.bucket_bytes)
+                                               fill=fill if copying else None,
+                                               unpack=unpack_and_hash if verify else unpack,
+                                               window_bytes=2 * self.bucket_bytes, meanwhile=meanwhile)
+            chosen, proof = first, "fresh" if fresh else "lineages"
+            if verify:
+                for work in meanwhile:  # what the transfer did not hide
+                    work()
+                second = transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
+                fixes = transfer.units(buffer, second, self.bucket_bytes)
+                more_sent, more_received = transfer.transfer(fixes, rank=rank, name="hvd_elastic.sync.fix",
+                                                             unpack=unpack, window_bytes=2 * self.bucket_bytes)
+                todo, sent, received = todo + fixes, sent + more_sent, received + more_received
+                chosen, proof = first | second, "digests"
             method = transfer.methods(todo)
             wire = time.perf_counter() - wire
             self._meta = meta
@@ -399,18 +426,10 @@ class TrainingState(State):
             component.after_sync(rank)
         self._mark_clean()
         self._apply_world()
-        # broadcast_seconds: the transfer, with the copies overlapping it
+        # broadcast_seconds: both rounds, with the copies and the hashing they overlap
         self._emit("sync", seconds=time.perf_counter() - start, bytes=sent + received, sent_bytes=sent,
                    received_bytes=received, transfer=method, receivers=len(chosen.receivers), plan=proof,
                    broadcast_seconds=wire)
-
-    def _plan(self, held: FlatBuffer | None, lineage: tuple[int, int], count: int) -> transfer.Plan:
-        """Who lacks which of rank 0's committed tensors (collective, one allgather): the ranks whose
-        lineage is rank 0's prove with digests which tensors they hold; the others hold none and
-        hash nothing.  Called only when some rank besides 0 shares its lineage."""
-        mine = held is not None and self._lineage == lineage
-        table = transfer.digests(held if mine else None, count)
-        return transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""

@@ -78,6 +78,17 @@ def test_a_survivor_one_commit_behind_is_detected_and_synced(results):
     assert syncs[2]["received_bytes"] == syncs[3]["received_bytes"] > 100 * BN_STATS
 
 
+def test_a_diverged_survivor_s_wrong_stripes_to_a_joiner_are_found_and_resent(results):
+    ranks = results("diverged")
+    assert_identical(ranks)
+    syncs = [r["sync"] for r in ranks]
+    assert {s["plan"] for s in syncs} == {"digests"}
+    # rank 1 is sent exactly its parameters (its moments were never touched), rank 2 nothing
+    assert syncs[1]["received_bytes"] == ranks[1]["parameter_bytes"] and syncs[2]["received_bytes"] == 0
+    # rank 3 got everything in round one, then again whatever rank 1's stripes had spoilt
+    assert syncs[3]["received_bytes"] > ranks[3]["state_bytes"]
+
+
 def test_newcomers_around_one_survivor_get_everything_without_digests(results):
     ranks = results("newcomers")
     assert_identical(ranks)

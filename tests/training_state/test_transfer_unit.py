@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout
-from hvd_elastic.training._internal.transfer import Plan, digests, plan, stripe_bounds, units
+from hvd_elastic.training._internal.transfer import Plan, digests, empty_table, hash_into, plan, stripe_bounds, units
 
 
 def buffer_of(tensors: dict[str, torch.Tensor]) -> FlatBuffer:
@@ -55,6 +55,23 @@ def test_plan_sends_each_rank_what_differs_and_everything_to_a_rank_without_stat
     assert chosen.needs == (frozenset(), frozenset(), frozenset({2}), frozenset(range(5)))
     assert chosen.receivers == (2, 3)
     assert Plan.everyone(3, 2).needs == (frozenset(), frozenset({0, 1}), frozenset({0, 1}))
+
+
+def test_round_one_sends_all_to_the_ranks_outside_the_lineage_and_round_two_adds_what_differs():
+    first = Plan.lacking(4, 3, [3])
+    assert first.needs == (frozenset(), frozenset(), frozenset(), frozenset({0, 1, 2}))
+    second = Plan((frozenset(), frozenset({1}), frozenset(), frozenset({2})))
+    assert (first | second).needs == (frozenset(), frozenset({1}), frozenset(), frozenset({0, 1, 2}))
+    assert (first | second).receivers == (1, 3)
+
+
+def test_hashing_piece_by_piece_gives_the_whole_table():
+    buffer = buffer_of(state())
+    table = empty_table(5)
+    assert table[0, 0] == 0  # "no state" until something is hashed
+    for i in (3, 0, 4, 1, 2):  # as units arrive, in any order
+        hash_into(table, buffer, [i])
+    assert torch.equal(table, digests(buffer, 5))
 
 
 def test_units_are_runs_with_the_same_receivers_and_their_donors_hold_them():

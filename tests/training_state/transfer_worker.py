@@ -10,6 +10,9 @@ then changes some ranks the way resets do and calls ``sync()``:
 * ``behind``: rank 2 holds the commit before its peers' last one (a failure
   between their commits; loaded from a snapshot, so a lineage of its own),
   rank 3 is brand new; statistics drifted too;
+* ``diverged``: rank 3 is brand new, and rank 1's parameters moved before a
+  save all ranks made in lockstep (its lineage is rank 0's, its bytes are
+  not): its first-round stripes to rank 3 are wrong;
 * ``newcomers``: ranks 1 to 3 are brand new (a world regrown around its one
   survivor): nobody shares rank 0's lineage;
 * ``restored``: a failure everyone restored from: nobody needs anything;
@@ -31,6 +34,10 @@ import horovod.torch as hvd
 from hvd_elastic.training.state import TrainingState
 
 OUT = os.environ["OUT"]
+
+
+#: The ranks each scenario replaces with a brand-new model before its sync.
+BRAND_NEW = {"joiner": {3}, "two_joiners": {2, 3}, "behind": {3}, "diverged": {3}, "newcomers": {1, 2, 3}}
 
 
 def build(seed: int):
@@ -68,18 +75,23 @@ def fingerprint(state) -> dict:
 
 def scenario(name: str, seed_base: int) -> None:
     rank = hvd.rank()
-    same_data = name in ("joiner", "restored", "fresh")
+    same_data = name in ("joiner", "diverged", "restored", "fresh")
     model, optimizer, state = build(seed_base)
     state.sync()  # as hvd.elastic.run does first: from here the ranks share a lineage
     train(model, optimizer, state, 1, same_data)
     one_behind = state.snapshot(copy=True)
     train(model, optimizer, state, 1, same_data)
-    if (name == "joiner" and rank == 3 or name == "two_joiners" and rank >= 2 or name == "behind" and rank == 3
-            or name == "newcomers" and rank >= 1):
+    if rank in BRAND_NEW.get(name, ()):
         model, optimizer, state = build(seed_base + 1 + rank)  # brand new, never stepped
     if name == "behind" and rank == 2:
         # Its peers' last commit went through, its own did not: it holds the one before.
         state.load_snapshot(one_behind)
+    if name == "diverged" and rank < 3:
+        if rank == 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.5)
+        state.save()  # in lockstep: the lineages stay equal
     if name == "restored":
         with torch.no_grad():
             model[3].weight.add_(1.0)  # a half-done step, as a failure leaves it
@@ -98,13 +110,15 @@ def scenario(name: str, seed_base: int) -> None:
     state.restore()
     with open(os.path.join(OUT, f"{name}-{rank}.json"), "w") as f:
         json.dump({"tensors": after, "restored": fingerprint(state), "sync": events[0],
+                   "state_bytes": state._buffer.layout.nbytes, "parameter_bytes": sum(
+                       p.numel() * p.element_size() for p in model.parameters()),
                    "moments": sorted(optimizer.state[model[0].weight])}, f)
 
 
 def main() -> None:
     hvd.init()
     assert hvd.size() == 4
-    for i, name in enumerate(("joiner", "two_joiners", "behind", "newcomers", "restored", "fresh")):
+    for i, name in enumerate(("joiner", "two_joiners", "behind", "diverged", "newcomers", "restored", "fresh")):
         scenario(name, 10 * i)
 
 

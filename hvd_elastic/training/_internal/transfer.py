@@ -3,21 +3,31 @@
 After a reset every rank must hold rank 0's committed state bitwise.  Most
 ranks usually do already: after a join, every survivor holds the state it
 committed in lockstep with rank 0; after a failure, every survivor restored
-it.  So a sync first finds out who is missing what.  A rank whose lineage
-(:func:`new_lineage`: where its committed tensors come from, and how many
-saves since) is not rank 0's surely lacks them: a joiner, a rank that loaded
-a snapshot.  The ranks whose lineage matches prove what they hold
-(:func:`digests`, :func:`plan`): each hashes the tensors of its commit buffer
-(xxh3-128, at memory bandwidth) and one small allgather shows everyone every
-rank's digests.  A rank whose digest of a tensor equals rank 0's holds that tensor
-exactly; the others need it.  Nothing is trusted blindly: a survivor a
-failure left one commit behind, or whose BatchNorm statistics drifted from
-rank 0's, differs in its digests and is sent what differs.
+it.  So a sync finds out who is missing what, in two rounds.
 
-Then only what is needed moves (:func:`units`, :func:`transfer`), in units:
-runs of neighbouring tensors of the buffer that the same ranks need, cut at
-about the bucket size.  Every rank outside a unit's receivers holds it
-exactly, so each is a *donor* of it:
+Lineages first.  A rank whose lineage (:func:`new_lineage`: where its
+committed tensors come from, and how many saves since) is not rank 0's
+surely lacks them: a joiner, a rank that loaded a snapshot.  It is sent
+everything at once (:meth:`Plan.lacking`) by rank 0 and the ranks of its
+lineage.  With no rank of rank 0's lineage besides itself, that is all:
+rank 0 is the one donor, and nobody hashes.
+
+Digests next, since a lineage is never trusted alone.  While the first
+round's bytes are on the wire, every rank of rank 0's lineage hashes its
+commit buffer and every receiver hashes what has arrived (:func:`hash_into`,
+xxh3-128 at memory bandwidth), so the hashing hides behind the transfer.
+One small allgather then shows everyone every rank's digests (:func:`plan`).
+A rank whose digest of a tensor equals rank 0's holds that tensor exactly;
+the others need it and get it in the second round, from ranks whose digests
+match: a survivor a failure left one commit behind or whose BatchNorm
+statistics drifted from rank 0's, and a receiver a drifted survivor sent a
+wrong stripe in the first round.
+
+Each round moves only what is needed (:func:`units`, :func:`transfer`), in
+units: runs of neighbouring tensors of the buffer that the same ranks need,
+cut at about the bucket size.  Every rank outside a unit's receivers is a
+*donor* of it (it holds the unit, or in the first round its lineage says it
+does):
 
 * nobody needs anything: no transfer at all;
 * rank 0 is the only donor (everyone else needs the unit): Gloo's broadcast,
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import xxhash
@@ -66,17 +76,26 @@ def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:
     ``buffer`` is this rank's commit buffer when it has rank 0's layout, else
     None (the table then says "no state" and the rank is sent everything).
     """
-    table = torch.zeros((1 + count, 2), dtype=torch.int64)
-    if buffer is None:
-        return table
+    table = empty_table(count)
+    if buffer is not None:
+        hash_into(table, buffer, range(count))
+    return table
+
+
+def empty_table(count: int) -> torch.Tensor:
+    """A digest table that says "no state" until :func:`hash_into` fills it."""
+    return torch.zeros((1 + count, 2), dtype=torch.int64)
+
+
+def hash_into(table: torch.Tensor, buffer: FlatBuffer, indices: Iterable[int]) -> None:
+    """Hash tensors ``indices`` of ``buffer`` into their rows of ``table``, which then says
+    "has state": the caller hashes every tensor before the table is compared."""
     table[0, 0] = HAS_STATE
     rows = table.numpy()
-    for i in range(len(buffer.layout)):
-        raw = as_bytes(buffer.span([i]))
-        h = xxhash.xxh3_128_intdigest(raw.numpy())
+    for i in indices:
+        h = xxhash.xxh3_128_intdigest(as_bytes(buffer.span([i])).numpy())
         # Two's-complement halves: the table is int64, the digest an unsigned 128-bit int.
         rows[1 + i] = (_signed(h >> 64), _signed(h & 0xFFFF_FFFF_FFFF_FFFF))
-    return table
 
 
 def _signed(half: int) -> int:
@@ -100,8 +119,16 @@ class Plan:
     @classmethod
     def everyone(cls, size: int, count: int) -> "Plan":
         """Every rank but 0 needs every tensor (rank 0's state is new: nobody else can hold it)."""
-        every = frozenset(range(count))
-        return cls((frozenset(),) + (every,) * (size - 1))
+        return cls.lacking(size, count, range(1, size))
+
+    @classmethod
+    def lacking(cls, size: int, count: int, ranks: Iterable[int]) -> "Plan":
+        """``ranks`` need every tensor, the others none (what lineages alone can tell)."""
+        every, ranks = frozenset(range(count)), set(ranks)
+        return cls(tuple(every if r in ranks else frozenset() for r in range(size)))
+
+    def __or__(self, other: "Plan") -> "Plan":
+        return Plan(tuple(a | b for a, b in zip(self.needs, other.needs)))
 
 
 def plan(tables: torch.Tensor) -> Plan:
@@ -175,7 +202,8 @@ def stripe_bounds(length: int, donors: int) -> list[int]:
 
 
 def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list[int]], None] | None = None,
-             unpack: Callable[[list[int]], None] | None = None, window_bytes: int) -> tuple[int, int]:
+             unpack: Callable[[list[int]], None] | None = None, window_bytes: int,
+             meanwhile: list[Callable[[], None]] | None = None) -> tuple[int, int]:
     """Move every unit of ``todo`` (from :func:`units`) into the buffers of its receivers.
 
     Collective: every rank calls it with the same units of a buffer of the
@@ -183,8 +211,11 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     is sent (rank 0 copies its live tensors in while the previous unit is on
     the wire).  On a receiver ``unpack(indices)`` is called for each unit as
     soon as it has arrived, while later units are on the wire; at most about
-    ``window_bytes`` are in flight (a receiver's scratch memory).  Returns
-    ``(bytes sent, bytes received)`` by this rank.
+    ``window_bytes`` are in flight (a receiver's scratch memory).  While it
+    waits for a unit, it takes work from the front of ``meanwhile`` (small
+    callables, run on this thread while Horovod's moves bytes); what is left
+    when the last unit has arrived stays in the list.  Returns ``(bytes
+    sent, bytes received)`` by this rank.
     """
     import horovod.torch as hvd
 
@@ -194,6 +225,8 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
 
     def finish() -> int:
         unit, handle, _ = in_flight.pop(0)
+        while meanwhile and not hvd.poll(handle):
+            meanwhile.pop(0)()
         result = hvd.synchronize(handle)
         if rank not in unit.receivers:
             return 0
