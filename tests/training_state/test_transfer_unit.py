@@ -86,6 +86,9 @@ def test_units_are_runs_with_the_same_receivers_and_their_donors_hold_them():
     # a small bucket cuts a run; rank 0 alone holding a unit everyone else needs: the broadcast
     cut = units(buffer, Plan((frozenset(), everything, everything)), bucket_bytes=2048)
     assert [u.indices for u in cut] == [(0, 1), (2, 3), (4, 5)] and {u.method for u in cut} == {"broadcast"}
+    # from SCATTER_FROM ranks on, rank 0 scatters stripes that the receivers then allgather
+    wide = units(buffer, Plan((frozenset(),) + (everything,) * 3), bucket_bytes=2048)
+    assert {u.method for u in wide} == {"scatter"} and wide[0].receivers == (1, 2, 3)
     assert units(buffer, Plan((frozenset(),) * 3), bucket_bytes=4096) == []
 
 

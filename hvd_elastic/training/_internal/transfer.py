@@ -60,6 +60,9 @@ import xxhash
 
 from hvd_elastic.training._internal.flat import FlatBuffer, as_bytes
 
+#: The world size from which a unit only rank 0 holds goes by scatter + allgather, not broadcast.
+SCATTER_FROM = 4
+
 #: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
 #: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.
 HAS_STATE = 1
@@ -160,9 +163,14 @@ class Unit:
 
     @property
     def method(self) -> str:
-        """``broadcast`` when rank 0 is the one donor and everyone else receives (Gloo's tree, in
-        place), else ``stripes`` (one alltoall: each donor sends a stripe to each receiver)."""
-        return "broadcast" if self.donors == (0,) else "stripes"
+        """How the unit travels.  When rank 0 is the one donor (everyone else receives):
+        ``broadcast`` (Gloo's tree, in place) in worlds smaller than :data:`SCATTER_FROM`, else
+        ``scatter`` (rank 0 sends each receiver one stripe, then a ring allgather of the stripes:
+        about 2 S/B whatever the size, where the tree takes one S/B per level).  Otherwise
+        ``stripes`` (one alltoall: each donor sends a stripe to each receiver)."""
+        if self.donors != (0,):
+            return "stripes"
+        return "broadcast" if 1 + len(self.receivers) < SCATTER_FROM else "scatter"
 
 
 def units(buffer: FlatBuffer, chosen: Plan, bucket_bytes: int) -> list[Unit]:
@@ -191,7 +199,8 @@ def _unit(buffer: FlatBuffer, indices: list[int], receivers: tuple[int, ...], si
 
 
 def methods(todo: Sequence[Unit]) -> str:
-    """How a sync moved its tensors: ``none``, ``broadcast``, ``stripes`` or ``broadcast+stripes``."""
+    """How a sync moved its tensors: ``none``, or the units' methods joined by ``+`` in
+    alphabetical order (``broadcast``, ``broadcast+stripes``, ``scatter``, ...)."""
     used = sorted({u.method for u in todo})
     return "+".join(used) if used else "none"
 
@@ -233,6 +242,8 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
         if unit.method == "stripes":
             # Stripes arrive in donor order, which is rank order, which is byte order.
             as_bytes(unit.data).copy_(result[0])
+        elif unit.method == "scatter":
+            as_bytes(unit.data).copy_(result)  # the receivers' stripes, in rank order
         if unpack is not None:
             unpack(list(unit.indices))
         return _nbytes(unit.data)
@@ -244,6 +255,14 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
         if unit.method == "broadcast":
             handle = hvd.broadcast_async_(raw, 0, name=f"{name}.{i}")
             sent += _nbytes(unit.data) if rank == 0 else 0
+        elif unit.method == "scatter":
+            # Receiver k's stripe from rank 0 (its outbound link carries S once), then every
+            # receiver's stripe to everyone round the ring (rank 0 adds nothing to it).
+            bounds = stripe_bounds(raw.numel(), size - 1)
+            splits = [0] + [bounds[k + 1] - bounds[k] for k in range(size - 1)] if rank == 0 else [0] * size
+            stripe = hvd.alltoall(raw if rank == 0 else raw[:0], splits=splits, name=f"{name}.{i}.scatter")[0]
+            handle = hvd.allgather_async(stripe, name=f"{name}.{i}")
+            sent += raw.numel() if rank == 0 else stripe.numel()
         else:
             splits = [0] * size
             payload = raw[:0]
