@@ -12,6 +12,8 @@ rank 0's committed state.  Interleaved round by round, in the same processes:
   survivors' stripes to the joiner);
 * ``horovod``: ``hvd.broadcast_parameters`` + ``hvd.broadcast_optimizer_state``,
   what Horovod's ``TorchState.sync`` does;
+* ``start``: the same sync where only rank 0 holds the state (a job's start
+  or resume: rank 0 is the one donor);
 * ``flat broadcast``: one ``hvd.broadcast_`` of a flat tensor of the same bytes
   (hvd-elastic's sync before this change sent its buffer that way, in buckets).
 
@@ -109,6 +111,7 @@ def main_bed(args: argparse.Namespace) -> int:
         line = res["line_seconds"]
         n = res["ranks"]
         for key, label in (("sync", "hvd-elastic sync"), ("sync: transfer", "  of which the transfer"),
+                           ("start", "sync, only rank 0 holds it (start)"),
                            ("horovod", "Horovod broadcast_parameters+optimizer"), ("flat", "one flat broadcast_")):
             samples = res["samples_s"].get(key)
             if samples is None:
@@ -159,7 +162,17 @@ def main_worker(args: argparse.Namespace) -> int:
         hvd.broadcast_parameters(setup.model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(setup.optimizer, root_rank=0)
 
-    variants = {"sync": (joiner_lacks_the_state, state.sync), "horovod": (None, horovod),
+    def only_rank_0_holds_it():
+        # A job's start or resume: no rank shares rank 0's lineage, rank 0 is the one donor.
+        state.restore()
+        if rank != 0:
+            with torch.no_grad():
+                for t in tensors:
+                    t.add_(1)
+            state.save()
+
+    variants = {"sync": (joiner_lacks_the_state, state.sync), "start": (only_rank_0_holds_it, state.sync),
+                "horovod": (None, horovod),
                 "flat": (None, lambda: hvd.broadcast_(flat, 0, name="bench.flat"))}
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
@@ -172,14 +185,15 @@ def main_worker(args: argparse.Namespace) -> int:
             times[name].append(time.perf_counter() - start)
     # The sync's transfer alone (its wire time, with the copies it overlaps): the rest is the
     # header, the digests and the unpacking after the last unit.
-    times["sync: transfer"] = [e["broadcast_seconds"] for e in events]
+    times["sync: transfer"] = [e["broadcast_seconds"] for e in events[0::2]]
     slowest = {name: hvd.allreduce(torch.tensor(t, dtype=torch.float64), op=hvd.Max, name=f"bench.max.{name}")
                .tolist() for name, t in times.items()}
     if rank == 0:
         result = {"ranks": size, "state_bytes": nbytes, "rate_mbit": args.rate_mbit,
                   "line_seconds": nbytes * 8 / (args.rate_mbit * 1e6), "samples_s": slowest,
-                  "sync_transfer": sorted({e["transfer"] for e in events}),
-                  "rank0_sent_bytes": [e["sent_bytes"] for e in events]}
+                  "sync_transfer": sorted({e["transfer"] for e in events[0::2]}),
+                  "start_transfer": sorted({e["transfer"] for e in events[1::2]}),
+                  "rank0_sent_bytes": [e["sent_bytes"] for e in events[0::2]]}
         (args.worker_out / "result.json").write_text(json.dumps(result))
     return 0
 

@@ -65,8 +65,8 @@ def test_two_joiners_get_everything_and_a_survivor_only_its_drifted_statistics(r
     assert_identical(ranks)
     syncs = [r["sync"] for r in ranks]
     # round one striped everything to the joiners (rank 1's stripe carried its drifted statistics),
-    # round two scattered the statistics to all three from rank 0
-    assert syncs[0]["transfer"] == "scatter+stripes" and syncs[0]["receivers"] == 3
+    # round two relayed the statistics to all three from rank 0
+    assert syncs[0]["transfer"] == "relay+stripes" and syncs[0]["receivers"] == 3
     assert syncs[1]["received_bytes"] == BN_STATS
     assert syncs[2]["received_bytes"] == syncs[3]["received_bytes"] > 100 * BN_STATS
 
@@ -96,8 +96,8 @@ def test_newcomers_around_one_survivor_get_everything_without_digests(results):
     assert_identical(ranks)
     syncs = [r["sync"] for r in ranks]
     # no rank shares rank 0's lineage: the plan comes from the lineages alone, nobody hashes
-    # rank 0 is the one donor of a world of 4: a scatter of stripes, then their ring allgather
-    assert all(s["plan"] == "lineages" and s["transfer"] == "scatter" for s in syncs)
+    # rank 0 is the one donor of a world of 4: it sends each one a stripe, which they relay to each other
+    assert all(s["plan"] == "lineages" and s["transfer"] == "relay" for s in syncs)
     assert syncs[0]["receivers"] == 3
     assert all(s["received_bytes"] == syncs[0]["sent_bytes"] > 0 for s in syncs[1:])
 
@@ -113,5 +113,5 @@ def test_rank_0_live_state_newer_than_its_commit_goes_to_everyone(results):
     ranks = results("fresh")
     assert_identical(ranks)
     syncs = [r["sync"] for r in ranks]
-    assert all(s["transfer"] == "scatter" and s["plan"] == "fresh" for s in syncs)
+    assert all(s["transfer"] == "relay" and s["plan"] == "fresh" for s in syncs)
     assert all(s["received_bytes"] == syncs[0]["sent_bytes"] > 0 for s in syncs[1:])

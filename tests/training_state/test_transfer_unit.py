@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout
-from hvd_elastic.training._internal.transfer import Plan, digests, empty_table, hash_into, plan, stripe_bounds, units
+from hvd_elastic.training._internal.transfer import (RELAY_FROM, Plan, digests, empty_table, hash_into, plan,
+                                                     stripe_bounds, units)
 
 
 def buffer_of(tensors: dict[str, torch.Tensor]) -> FlatBuffer:
@@ -83,12 +84,13 @@ def test_units_are_runs_with_the_same_receivers_and_their_donors_hold_them():
         ((0, 1), (3,), (0, 1, 2)), ((2, 3), (1, 3), (0, 2)), ((4, 5), (3,), (0, 1, 2))]
     assert [u.method for u in found] == ["stripes"] * 3
     assert torch.equal(found[1].data, torch.cat([torch.full((256,), 2.0), torch.full((256,), 3.0)]))
-    # a small bucket cuts a run; rank 0 alone holding a unit everyone else needs: the broadcast
+    # a small bucket cuts a run; rank 0 alone holding a unit everyone else needs: relayed from
+    # RELAY_FROM ranks on, broadcast (one send) below
     cut = units(buffer, Plan((frozenset(), everything, everything)), bucket_bytes=2048)
-    assert [u.indices for u in cut] == [(0, 1), (2, 3), (4, 5)] and {u.method for u in cut} == {"broadcast"}
-    # from SCATTER_FROM ranks on, rank 0 scatters stripes that the receivers then allgather
-    wide = units(buffer, Plan((frozenset(),) + (everything,) * 3), bucket_bytes=2048)
-    assert {u.method for u in wide} == {"scatter"} and wide[0].receivers == (1, 2, 3)
+    assert [u.indices for u in cut] == [(0, 1), (2, 3), (4, 5)] and {u.method for u in cut} == {"relay"}
+    assert RELAY_FROM == 3 and cut[0].receivers == (1, 2)
+    pair = units(buffer, Plan((frozenset(), everything)), bucket_bytes=2048)
+    assert {u.method for u in pair} == {"broadcast"}
     assert units(buffer, Plan((frozenset(),) * 3), bucket_bytes=4096) == []
 
 

@@ -60,8 +60,9 @@ import xxhash
 
 from hvd_elastic.training._internal.flat import FlatBuffer, as_bytes
 
-#: The world size from which a unit only rank 0 holds goes by scatter + allgather, not broadcast.
-SCATTER_FROM = 4
+#: The world size from which a unit only rank 0 holds is relayed (about S/B whatever the size)
+#: rather than broadcast (Gloo's tree: one S/B per level; with 2 ranks that is one send).
+RELAY_FROM = 3
 
 #: Rows of a rank's digest table: row 0 says whether the rank has a buffer of
 #: rank 0's layout at all; row 1 + i holds tensor i's 128-bit digest as two int64.
@@ -164,13 +165,13 @@ class Unit:
     @property
     def method(self) -> str:
         """How the unit travels.  When rank 0 is the one donor (everyone else receives):
-        ``broadcast`` (Gloo's tree, in place) in worlds smaller than :data:`SCATTER_FROM`, else
-        ``scatter`` (rank 0 sends each receiver one stripe, then a ring allgather of the stripes:
-        about 2 S/B whatever the size, where the tree takes one S/B per level).  Otherwise
-        ``stripes`` (one alltoall: each donor sends a stripe to each receiver)."""
+        ``broadcast`` (Gloo's tree, in place) in worlds smaller than :data:`RELAY_FROM`, else
+        ``relay`` (rank 0 sends each receiver one stripe, which the receivers pass on to each
+        other while the next unit's stripes arrive: :func:`_relay`).  Otherwise ``stripes`` (one
+        alltoall: each donor sends a stripe to each receiver)."""
         if self.donors != (0,):
             return "stripes"
-        return "broadcast" if 1 + len(self.receivers) < SCATTER_FROM else "scatter"
+        return "broadcast" if 1 + len(self.receivers) < RELAY_FROM else "relay"
 
 
 def units(buffer: FlatBuffer, chosen: Plan, bucket_bytes: int) -> list[Unit]:
@@ -200,7 +201,7 @@ def _unit(buffer: FlatBuffer, indices: list[int], receivers: tuple[int, ...], si
 
 def methods(todo: Sequence[Unit]) -> str:
     """How a sync moved its tensors: ``none``, or the units' methods joined by ``+`` in
-    alphabetical order (``broadcast``, ``broadcast+stripes``, ``scatter``, ...)."""
+    alphabetical order (``broadcast``, ``relay+stripes``, ``stripes``, ...)."""
     used = sorted({u.method for u in todo})
     return "+".join(used) if used else "none"
 
@@ -242,27 +243,17 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
         if unit.method == "stripes":
             # Stripes arrive in donor order, which is rank order, which is byte order.
             as_bytes(unit.data).copy_(result[0])
-        elif unit.method == "scatter":
-            as_bytes(unit.data).copy_(result)  # the receivers' stripes, in rank order
         if unpack is not None:
             unpack(list(unit.indices))
         return _nbytes(unit.data)
 
-    for i, unit in enumerate(todo):
+    for i, unit in enumerate(u for u in todo if u.method != "relay"):
         if fill is not None:
             fill(list(unit.indices))
         raw = as_bytes(unit.data)
         if unit.method == "broadcast":
             handle = hvd.broadcast_async_(raw, 0, name=f"{name}.{i}")
             sent += _nbytes(unit.data) if rank == 0 else 0
-        elif unit.method == "scatter":
-            # Receiver k's stripe from rank 0 (its outbound link carries S once), then every
-            # receiver's stripe to everyone round the ring (rank 0 adds nothing to it).
-            bounds = stripe_bounds(raw.numel(), size - 1)
-            splits = [0] + [bounds[k + 1] - bounds[k] for k in range(size - 1)] if rank == 0 else [0] * size
-            stripe = hvd.alltoall(raw if rank == 0 else raw[:0], splits=splits, name=f"{name}.{i}.scatter")[0]
-            handle = hvd.allgather_async(stripe, name=f"{name}.{i}")
-            sent += raw.numel() if rank == 0 else stripe.numel()
         else:
             splits = [0] * size
             payload = raw[:0]
@@ -280,7 +271,73 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
             received += finish()
     while in_flight:
         received += finish()
+    relayed = _relay([u for u in todo if u.method == "relay"], rank=rank, size=size, name=f"{name}.relay",
+                     fill=fill, unpack=unpack)
+    return sent + relayed[0], received + relayed[1]
+
+
+def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Callable[[list[int]], None] | None,
+           unpack: Callable[[list[int]], None] | None) -> tuple[int, int]:
+    """Move units only rank 0 holds to every other rank, one ``alltoall`` per step.
+
+    Step ``t`` does two things at once: rank 0 sends each receiver its own
+    stripe of unit ``t`` (receiver ``k`` gets stripe ``k - 1`` of ``size - 1``),
+    and every receiver sends the stripe of unit ``t - 1`` it got in the step
+    before to every other receiver.  After step ``t`` a receiver holds unit
+    ``t - 1`` whole.  Each link carries about one unit per step, so
+    ``len(todo)`` units take ``len(todo) + 1`` unit times: close to S/B
+    whatever the size, where a broadcast tree takes one S/B per level.
+    """
+    import horovod.torch as hvd
+
+    sent = received = 0
+    receivers = range(1, size)
+    for step in range(len(todo) + 1):
+        current = todo[step] if step < len(todo) else None
+        previous = todo[step - 1] if step > 0 else None
+        splits = [0] * size
+        if rank == 0:
+            payload = torch.empty(0, dtype=torch.uint8)
+            if current is not None:
+                if fill is not None:
+                    fill(list(current.indices))
+                payload = as_bytes(current.data)  # stripes 0 .. size - 2 in order: the unit itself
+                bounds = stripe_bounds(payload.numel(), size - 1)
+                for k in receivers:
+                    splits[k] = bounds[k] - bounds[k - 1]
+        else:
+            payload = torch.empty(0, dtype=torch.uint8)
+            if previous is not None:
+                stripe = _stripe(previous, rank, size)
+                for k in receivers:
+                    splits[k] = stripe.numel() if k != rank else 0
+                payload = torch.cat([stripe] * (size - 2))
+        sent += payload.numel()
+        arrived = hvd.alltoall(payload, splits=splits, name=f"{name}.{step}")[0]
+        if rank == 0:
+            continue
+        at = 0
+        if current is not None:  # from rank 0: this rank's stripe of the current unit
+            mine = _stripe(current, rank, size)
+            mine.copy_(arrived[: mine.numel()])
+            at = mine.numel()
+        if previous is not None:  # from every other receiver, in rank order: the rest of the previous unit
+            for k in receivers:
+                if k != rank:
+                    theirs = _stripe(previous, k, size)
+                    theirs.copy_(arrived[at: at + theirs.numel()])
+                    at += theirs.numel()
+            received += _nbytes(previous.data)
+            if unpack is not None:
+                unpack(list(previous.indices))
     return sent, received
+
+
+def _stripe(unit: Unit, receiver: int, size: int) -> torch.Tensor:
+    """Receiver ``receiver``'s stripe of a relayed unit (a view of the unit's bytes)."""
+    raw = as_bytes(unit.data)
+    bounds = stripe_bounds(raw.numel(), size - 1)
+    return raw[bounds[receiver - 1]: bounds[receiver]]
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
