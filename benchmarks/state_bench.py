@@ -16,8 +16,10 @@ all of them alike:
   restored from: digests only, nothing moves), when rank 1 lacks it (as a
   joiner: its lineage shows it, nobody hashes, rank 0 sends its committed
   copy), when rank 1 shares rank 0's lineage but its tensors diverged (the
-  digests show it, then the same transfer), and after a standalone
-  ``check_host_updates()`` (rank 0 copies its live tensors while sending);
+  digests show it, then the same transfer), when rank 1 lacks it after a
+  standalone ``check_host_updates()`` (rank 0 copies its live tensors while
+  sending), and after such a check when every rank holds it (rank 0 copies,
+  the digests show nothing moved);
   Horovod's ``TorchState.sync`` beside them, and the floor of any sync that
   leaves a committed copy beside the live state: the flat broadcast followed
   by the receivers' ``copy_`` of the bytes into a second buffer;
@@ -205,25 +207,23 @@ class Bench:
                 second.copy_(flat)
         wire: list[float] = []
         ours.add_listener(lambda event, f: wire.append(f["broadcast_seconds"]) if event == "sync" else None)
-        def lacking():
-            # After a failure everyone restored from, but rank 1's committed state is not
-            # rank 0's (as a joiner's): it must be sent all of it, from rank 0's committed copy.
+        def rank_1_moves_on(lockstep: bool):
+            """After a failure everyone restored from, rank 1's tensors move, then it saves: alone
+            (its lineage is no longer rank 0's, as a joiner's: it is sent everything without
+            hashing) or in ``lockstep`` with rank 0 (same lineage: only the digests can tell)."""
             ours.restore()
             if hvd.rank() == 1:
                 with torch.no_grad():
                     for t in self.mine.tensors():
                         t.add_(1)
+            if lockstep or hvd.rank() == 1:
                 ours.save()
 
+        def lacking():
+            rank_1_moves_on(lockstep=False)
+
         def diverged():
-            # Both ranks save in lockstep (same lineage), but rank 1's tensors moved first: only
-            # the digests can tell, and rank 1 is sent everything.
-            ours.restore()
-            if hvd.rank() == 1:
-                with torch.no_grad():
-                    for t in self.mine.tensors():
-                        t.add_(1)
-            ours.save()
+            rank_1_moves_on(lockstep=True)
 
         samples.update(self.timed({
             "broadcast_": lambda: hvd.broadcast_(flat, 0, name="bench.flat"),
@@ -232,6 +232,7 @@ class Bench:
             "ours.sync (no copy)": ours.sync,
             "ours.sync (copy)": ours.sync,
             "ours.sync (diverged)": ours.sync,
+            "ours.sync (copy, held)": ours.sync,
             "torchstate.sync": theirs.sync,
         }, args.sync_rounds, prepare={
             # After a collective failure everyone restored from: every rank holds the
@@ -239,17 +240,20 @@ class Bench:
             "ours.sync (held)": ours.restore,
             # Rank 1 lacks the state; rank 0's tensors are its committed copy, sent as is.
             "ours.sync (no copy)": lacking,
-            # A standalone host check: the live state may have moved on in ways
-            # version counters miss, so rank 0 copies it while sending.
-            "ours.sync (copy)": ours.check_host_updates,
+            # Rank 1 lacks the state, and a standalone host check came after the last commit: the
+            # live state may have moved on in ways version counters miss, so rank 0 copies it
+            # while sending.
+            "ours.sync (copy)": lambda: (lacking(), ours.check_host_updates()),
             "ours.sync (diverged)": diverged,
+            # The same check where every rank holds the state: rank 0 copies, nothing moves.
+            "ours.sync (copy, held)": lambda: (ours.restore(), ours.check_host_updates()),
         }))
         flat.resize_(0)  # its memory back (the lambda above is not called again)
         if second is not None:
             second.resize_(0)
-        wire = self.slowest(wire)  # one per ours.sync call: held, no copy, copy, diverged, held, ...
-        samples["ours.sync (no copy): transfer"] = wire[1::4]
-        samples["ours.sync (copy): transfer"] = wire[2::4]
+        wire = self.slowest(wire)  # one per ours.sync call: held, no copy, copy, diverged, copy+held, held, ...
+        samples["ours.sync (no copy): transfer"] = wire[1::5]
+        samples["ours.sync (copy): transfer"] = wire[2::5]
 
         # throughput: one training step (+ commit) per sample, the variants alternating
         # step by step so that bursts of load from other processes hit them alike.
@@ -282,9 +286,10 @@ class Bench:
             row("sync to a rank lacking it", "ours.sync (no copy)", "broadcast_", 1.2),
             row("  vs the floor", "ours.sync (no copy)", "broadcast_+copy_"),
             row("  of which the transfer", "ours.sync (no copy): transfer"),
-            row("sync after host check (copy)", "ours.sync (copy)", "broadcast_", 1.2),
+            row("sync to a rank lacking it, rank 0 copying", "ours.sync (copy)", "broadcast_", 1.2),
             row("  vs the floor", "ours.sync (copy)", "broadcast_+copy_"),
             row("  of which the transfer", "ours.sync (copy): transfer"),
+            row("sync after a host check, every rank holds it", "ours.sync (copy, held)", "broadcast_"),
             row("sync to a survivor that diverged (digests)", "ours.sync (diverged)", "broadcast_"),
             row("  vs the floor", "ours.sync (diverged)", "broadcast_+copy_"),
             row("sync, TorchState", "torchstate.sync", "broadcast_"),

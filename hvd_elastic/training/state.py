@@ -216,8 +216,7 @@ class TrainingState(State):
         restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` (this rank's
         ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``,
         ``broadcast`` or ``stripes``), ``receivers`` (ranks that were sent tensors),
-        ``plan`` (how the receivers were found: ``fresh``, rank 0's live tensors
-        moved on since its commit, so everyone; ``lineages``, no other rank
+        ``plan`` (how the receivers were found: ``lineages``, no other rank
         descends from rank 0's commit, so everyone, without hashing; ``digests``,
         the ranks outside its lineage first, then whatever the digests show
         differs) and ``broadcast_seconds`` (the transfers, with the copies and
@@ -319,18 +318,18 @@ class TrainingState(State):
 
         Collective.  Rank 0 sends its layout and small state while every other
         rank sends its lineage (one collective,
-        :mod:`~hvd_elastic.training._internal.objects`).  Then, when rank 0's tensors are
-        still those of its last commit, restore or sync (nothing but ``commit()``
-        checked for host updates since, and PyTorch's version counters did not
-        move), only what ranks lack moves
-        (:mod:`~hvd_elastic.training._internal.transfer`): ranks outside rank 0's
+        :mod:`~hvd_elastic.training._internal.objects`).  When rank 0's live
+        tensors may have moved since its last commit, restore or sync (something
+        besides ``commit()`` checked for host updates, PyTorch's version counters
+        moved, or a fused optimizer hides them), it copies them into its buffer
+        first.  Then only what ranks lack moves
+        (:mod:`~hvd_elastic.training._internal.transfer`): the ranks outside rank 0's
         lineage are sent everything at once, while the ranks of the lineage
-        prove with digests of their commit buffers which tensors they hold
-        exactly, and then what the digests show differs moves.  So nothing
-        moves after a failure all survivors restored from, and after a join
-        only the joiner's share.  Otherwise rank 0 copies its live tensors and
-        broadcasts them to everyone.  Changes made through ``.data``
-        escape version counters: ``commit()`` after making them.
+        prove with digests of their buffers which tensors they hold exactly,
+        and what the digests show differs moves after.  So nothing moves after
+        a failure all survivors restored from, and after a join only the
+        joiner's share.  Changes made through ``.data`` escape version
+        counters: ``commit()`` after making them.
         """
         start = time.perf_counter()
         rank, size = hvd.rank(), hvd.size()
@@ -340,21 +339,21 @@ class TrainingState(State):
             # After a restore, or an interrupt raised by commit(), the live
             # tensors ARE the committed copy: nothing to copy, and the other
             # ranks may hold it already.
-            fresh = self._clean_versions is None or self._clean_versions != compat.tensor_versions(live)
+            copying = self._clean_versions is None or self._clean_versions != compat.tensor_versions(live)
             with self.snapshot_lock:
                 before = self._buffer
                 layout = self._buffer_for(FlatLayout.of(named)).layout
-                fresh = fresh or self._buffer is not before  # a new layout: the old buffer is gone
-                if fresh:
-                    self._lineage = transfer.new_lineage()
-            header = {"layout": layout.describe(), "meta": meta, "fresh": fresh, "lineage": self._lineage}
+                if self._buffer is not before:  # a new layout: nobody holds any of it
+                    copying, self._lineage = True, transfer.new_lineage()
+            # Copying keeps the lineage: the digests show whether the live tensors really moved.
+            header = {"layout": layout.describe(), "meta": meta, "lineage": self._lineage}
             # Rank 0 offers the header, every other rank its lineage: one collective tells
             # everyone who may hold rank 0's committed tensors at all.
             offers = allgather_object(header, name="hvd_elastic.sync.header")
         else:
             offers = allgather_object(self._lineage, name="hvd_elastic.sync.header")
             header = offers[0]
-            layout, meta, fresh = FlatLayout.parse(header["layout"]), header["meta"], header["fresh"]
+            layout, meta, copying = FlatLayout.parse(header["layout"]), header["meta"], False
             live = self._live_tensors()
         lineage = tuple(header["lineage"])
         # Only ranks of rank 0's lineage can hold its tensors; with none, nobody hashes.
@@ -367,14 +366,15 @@ class TrainingState(State):
             clean = held and self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
             buffer = self._buffer_for(layout)
             count = len(layout)
-            # Round one, from the lineages: rank 0's copy to everyone when it is new, else everything
-            # to the ranks outside its lineage, from rank 0 and the ranks of its lineage.
-            first = transfer.Plan.everyone(size, count) if fresh else transfer.Plan.lacking(
-                size, count, (r for r in range(1, size) if r not in sharers))
+            # Round one, from the lineages: everything to the ranks outside rank 0's lineage, from
+            # rank 0 and the ranks of its lineage.
+            first = transfer.Plan.lacking(size, count, (r for r in range(1, size) if r not in sharers))
             # Round two, from the digests, whenever a rank besides 0 is trusted by its lineage: the
             # ranks of the lineage hash their buffers while round one is on the wire, its receivers
             # what they are sent.
-            verify = not fresh and bool(sharers)
+            verify = bool(sharers)
+            if copying and verify:
+                buffer.copy_from(live)  # rank 0's digests must be of what it holds now
             table = transfer.empty_table(count)
             hashing = verify and held and self._lineage == lineage
             meanwhile = [functools.partial(transfer.hash_into, table, buffer, [i])
@@ -393,14 +393,13 @@ class TrainingState(State):
 
             wire = time.perf_counter()
             todo = transfer.units(buffer, first, self.bucket_bytes)
-            copying = fresh and rank == 0
-            if copying and not todo:
+            if copying and not verify and not todo:
                 buffer.copy_from(live)  # alone: nobody to send to, but the copy is still the commit
             sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket",
-                                               fill=fill if copying else None,
+                                               fill=fill if copying and not verify else None,
                                                unpack=unpack_and_hash if verify else unpack,
                                                window_bytes=2 * self.bucket_bytes, meanwhile=meanwhile)
-            chosen, proof = first, "fresh" if fresh else "lineages"
+            chosen, proof = first, "lineages"
             if verify:
                 for work in meanwhile:  # what the transfer did not hide
                     work()

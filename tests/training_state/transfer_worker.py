@@ -16,8 +16,8 @@ then changes some ranks the way resets do and calls ``sync()``:
 * ``newcomers``: ranks 1 to 3 are brand new (a world regrown around its one
   survivor): nobody shares rank 0's lineage;
 * ``restored``: a failure everyone restored from: nobody needs anything;
-* ``fresh``: rank 0 changed its live tensors after its commit, so every rank
-  gets rank 0's copy.
+* ``fresh``: rank 0 changed one live tensor after its commit: it copies its
+  live tensors, and the digests show every other rank the one that moved.
 
 The tensors carry -0.0, a NaN with a payload, int64 and bool buffers.  Each
 rank writes ``$OUT/<scenario>-<rank>.json``: a digest of every tensor's bytes,
