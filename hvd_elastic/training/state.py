@@ -214,8 +214,9 @@ class TrainingState(State):
 
         Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``;
         restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` (this rank's
-        ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``,
-        ``broadcast`` or ``stripes``), ``receivers`` (ranks that were sent tensors),
+        ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``, or
+        ``broadcast``, ``relay`` and ``stripes`` joined by ``+``: how the units
+        travelled), ``receivers`` (ranks that were sent tensors),
         ``plan`` (how the receivers were found: ``lineages``, no other rank
         descends from rank 0's commit, so everyone, without hashing; ``digests``,
         the ranks outside its lineage first, then whatever the digests show

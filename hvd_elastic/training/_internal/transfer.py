@@ -30,9 +30,11 @@ cut at about the bucket size.  Every rank outside a unit's receivers is a
 does):
 
 * nobody needs anything: no transfer at all;
-* rank 0 is the only donor (everyone else needs the unit): Gloo's broadcast,
-  straight into every rank's buffer (every rank must receive from the one
-  source, and the tree is Horovod's best for that);
+* rank 0 is the only donor (everyone else needs the unit): with one
+  receiver, Gloo's broadcast, straight into its buffer (one send); with more,
+  a relay (:func:`_relay`): rank 0 sends each receiver one stripe, and the
+  receivers pass their stripes to each other while the next unit's arrive,
+  so rank 0's outbound link carries S once and no tree's depth adds up;
 * otherwise every donor sends a disjoint stripe of the unit to each
   receiver, all at once, through one ``alltoall`` (Gloo's alltoallv posts
   every send and receive together).  A joiner then receives the S bytes from
@@ -40,7 +42,7 @@ does):
   0's outbound link or a tree's depth; ranks that need nothing receive
   nothing.
 
-Both ways copy bytes and never do arithmetic on them, so -0.0, NaN payloads
+Every way copies bytes and never do arithmetic on them, so -0.0, NaN payloads
 and integer or bool tensors arrive exactly.
 
 GPU tensors (NCCL): the commit buffer is host memory, so the digests and the
@@ -119,11 +121,6 @@ class Plan:
     @property
     def receivers(self) -> tuple[int, ...]:
         return tuple(r for r, need in enumerate(self.needs) if need)
-
-    @classmethod
-    def everyone(cls, size: int, count: int) -> "Plan":
-        """Every rank but 0 needs every tensor (rank 0's state is new: nobody else can hold it)."""
-        return cls.lacking(size, count, range(1, size))
 
     @classmethod
     def lacking(cls, size: int, count: int, ranks: Iterable[int]) -> "Plan":
