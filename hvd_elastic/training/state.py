@@ -374,8 +374,12 @@ class TrainingState(State):
             # ranks of the lineage hash their buffers while round one is on the wire, its receivers
             # what they are sent.
             verify = bool(sharers)
-            if copying and verify:
-                buffer.copy_from(live)  # rank 0's digests must be of what it holds now
+            todo = transfer.units(buffer, first, self.bucket_bytes)
+            # Rank 0 copies its live tensors as it sends them, unless its digests must be of the
+            # copy (or it sends nothing): then it copies them all first.
+            fill_as_sent = copying and not verify and bool(todo)
+            if copying and not fill_as_sent:
+                buffer.copy_from(live)
             table = transfer.empty_table(count)
             hashing = verify and held and self._lineage == lineage
             meanwhile = [functools.partial(transfer.hash_into, table, buffer, [i])
@@ -393,11 +397,8 @@ class TrainingState(State):
                 transfer.hash_into(table, buffer, indices)
 
             wire = time.perf_counter()
-            todo = transfer.units(buffer, first, self.bucket_bytes)
-            if copying and not verify and not todo:
-                buffer.copy_from(live)  # alone: nobody to send to, but the copy is still the commit
             sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket",
-                                               fill=fill if copying and not verify else None,
+                                               fill=fill if fill_as_sent else None,
                                                unpack=unpack_and_hash if verify else unpack,
                                                window_bytes=2 * self.bucket_bytes, meanwhile=meanwhile)
             chosen, proof = first, "lineages"

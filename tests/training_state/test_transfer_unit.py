@@ -5,14 +5,21 @@ from __future__ import annotations
 import torch
 
 from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout
-from hvd_elastic.training._internal.transfer import (RELAY_FROM, Plan, digests, empty_table, hash_into, plan,
-                                                     stripe_bounds, units)
+from hvd_elastic.training._internal.transfer import RELAY_FROM, Plan, empty_table, hash_into, plan, stripe_bounds, units
 
 
 def buffer_of(tensors: dict[str, torch.Tensor]) -> FlatBuffer:
     buffer = FlatBuffer(FlatLayout.of(tensors.items()), pin_memory=False)
     buffer.copy_from(list(tensors.values()))
     return buffer
+
+
+def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:
+    """A rank's whole digest table as a sync builds it: every tensor of its buffer, or "no state"."""
+    table = empty_table(count)
+    if buffer is not None:
+        hash_into(table, buffer, range(count))
+    return table
 
 
 def state(**changes) -> dict[str, torch.Tensor]:

@@ -76,18 +76,6 @@ def new_lineage() -> tuple[int, int]:
     return (secrets.randbits(63), 0)
 
 
-def digests(buffer: FlatBuffer | None, count: int) -> torch.Tensor:
-    """This rank's digest table for a layout of ``count`` tensors: int64 of shape ``(1 + count, 2)``.
-
-    ``buffer`` is this rank's commit buffer when it has rank 0's layout, else
-    None (the table then says "no state" and the rank is sent everything).
-    """
-    table = empty_table(count)
-    if buffer is not None:
-        hash_into(table, buffer, range(count))
-    return table
-
-
 def empty_table(count: int) -> torch.Tensor:
     """A digest table that says "no state" until :func:`hash_into` fills it."""
     return torch.zeros((1 + count, 2), dtype=torch.int64)
@@ -293,22 +281,19 @@ def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Calla
         current = todo[step] if step < len(todo) else None
         previous = todo[step - 1] if step > 0 else None
         splits = [0] * size
-        if rank == 0:
-            payload = torch.empty(0, dtype=torch.uint8)
-            if current is not None:
-                if fill is not None:
-                    fill(list(current.indices))
-                payload = as_bytes(current.data)  # stripes 0 .. size - 2 in order: the unit itself
-                bounds = stripe_bounds(payload.numel(), size - 1)
-                for k in receivers:
-                    splits[k] = bounds[k] - bounds[k - 1]
-        else:
-            payload = torch.empty(0, dtype=torch.uint8)
-            if previous is not None:
-                stripe = _stripe(previous, rank, size)
-                for k in receivers:
-                    splits[k] = stripe.numel() if k != rank else 0
-                payload = torch.cat([stripe] * (size - 2))
+        payload = torch.empty(0, dtype=torch.uint8)
+        if rank == 0 and current is not None:
+            if fill is not None:
+                fill(list(current.indices))
+            payload = as_bytes(current.data)  # stripes 0 .. size - 2 in order: the unit itself
+            bounds = stripe_bounds(payload.numel(), size - 1)
+            for k in receivers:
+                splits[k] = bounds[k] - bounds[k - 1]
+        elif rank != 0 and previous is not None:
+            stripe = _stripe(previous, rank, size)
+            for k in receivers:
+                splits[k] = stripe.numel() if k != rank else 0
+            payload = torch.cat([stripe] * (size - 2))
         sent += payload.numel()
         arrived = hvd.alltoall(payload, splits=splits, name=f"{name}.{step}")[0]
         if rank == 0:
