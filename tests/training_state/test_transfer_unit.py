@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout
+from hvd_elastic.training._internal import transfer
+from hvd_elastic.training._internal.flat import FlatBuffer, FlatLayout, as_bytes
 from hvd_elastic.training._internal.transfer import RELAY_FROM, Plan, empty_table, hash_into, plan, stripe_bounds, units
 
 
@@ -104,3 +105,14 @@ def test_stripes_cover_a_unit_exactly_once():
     for length, donors in ((10, 3), (1, 4), (0, 2), (1 << 20, 7)):
         bounds = stripe_bounds(length, donors)
         assert bounds[0] == 0 and bounds[-1] == length and bounds == sorted(bounds) and len(bounds) == donors + 1
+
+
+def test_a_relayed_unit_is_cut_into_pieces_that_cover_it_once_in_order(monkeypatch):
+    buffer = buffer_of({"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3, dtype=torch.float32)})
+    (unit,) = units(buffer, Plan((frozenset(), frozenset({0, 1}), frozenset({0, 1}))), bucket_bytes=1 << 20)
+    monkeypatch.setattr(transfer, "RELAY_PIECE_BYTES", 1500)
+    pieces = transfer._pieces(unit)
+    assert [p.data.numel() for p in pieces] == [1500, 1500, 1012]
+    assert [(p.first, p.last) for p in pieces] == [(True, False), (False, False), (False, True)]
+    assert torch.equal(torch.cat([p.data for p in pieces]), as_bytes(unit.data))
+    assert all(p.data.data_ptr() == as_bytes(unit.data)[1500 * i:].data_ptr() for i, p in enumerate(pieces))

@@ -31,6 +31,7 @@ import os
 import torch
 
 import horovod.torch as hvd
+from hvd_elastic.training._internal import transfer
 from hvd_elastic.training.state import TrainingState
 
 OUT = os.environ["OUT"]
@@ -117,6 +118,8 @@ def scenario(name: str, seed_base: int) -> None:
 
 def main() -> None:
     hvd.init()
+    # Relayed units cut into several uneven pieces, as a real state's are at 16 MiB.
+    transfer.RELAY_PIECE_BYTES = 10_000
     assert hvd.size() == 4
     for i, name in enumerate(("joiner", "two_joiners", "behind", "diverged", "newcomers", "restored", "fresh")):
         scenario(name, 10 * i)
