@@ -14,6 +14,12 @@ rank 0's committed state.  Interleaved round by round, in the same processes:
   what Horovod's ``TorchState.sync`` does;
 * ``start``: the same sync where only rank 0 holds the state (a job's start
   or resume: rank 0 is the one donor);
+* ``start: scatter`` and ``start: exchange``: the two halves of the start's
+  relay, each alone over the same bytes in the same pieces: rank 0's stripes
+  to the receivers (links loaded one way), the receivers' stripes to each
+  other (every receiver's link loaded both ways, (N-2)/(N-1) of S each way);
+  and those same exchanged bytes over plain TCP sockets, a thread per peer
+  and no Gloo: the floor of such traffic on this bed;
 * ``flat broadcast``: one ``hvd.broadcast_`` of a flat tensor of the same bytes
   (hvd-elastic's sync before this change sent its buffer that way, in buckets).
 
@@ -31,9 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +120,9 @@ def main_bed(args: argparse.Namespace) -> int:
         n = res["ranks"]
         for key, label in (("sync", "hvd-elastic sync"), ("sync: transfer", "  of which the transfer"),
                            ("start", "sync, only rank 0 holds it (start)"),
+                           ("start: scatter", "  its relay's scatter alone (one way)"),
+                           ("start: exchange", f"  its relay's exchange alone (both ways; {n - 2}/{n - 1} S)"),
+                           ("start: exchange, TCP", "  the same bytes over plain TCP sockets (the bed's floor)"),
                            ("horovod", "Horovod broadcast_parameters+optimizer"), ("flat", "one flat broadcast_")):
             samples = res["samples_s"].get(key)
             if samples is None:
@@ -135,6 +146,7 @@ def main_worker(args: argparse.Namespace) -> int:
     import horovod.torch as hvd
     from state_bench import Setup
 
+    from hvd_elastic.training._internal import transfer
     from hvd_elastic.training.state import TrainingState
 
     torch.set_num_threads(1)
@@ -171,7 +183,65 @@ def main_worker(args: argparse.Namespace) -> int:
                     t.add_(1)
             state.save()
 
+    def relay_half(half: str):
+        """One half of the start's relay alone, over the same bytes in the same pieces: rank 0's
+        stripes to the receivers (its outbound link, one way), or the receivers passing their
+        stripes to each other (every receiver's link both ways at once)."""
+        stripe = transfer.RELAY_PIECE_BYTES // (size - 1)
+        for step in range(-(-nbytes // transfer.RELAY_PIECE_BYTES)):
+            splits = [0] * size
+            if half == "scatter" and rank == 0:
+                splits[1:] = [stripe] * (size - 1)
+            elif half == "exchange" and rank != 0:
+                splits[1:] = [stripe if k != rank else 0 for k in range(1, size)]
+            hvd.alltoall(flat[: sum(splits)], splits=splits, name=f"bench.{half}.{step}")
+
+    addresses = hvd.allgather_object(socket.gethostbyname(socket.gethostname()), name="bench.addresses")
+
+    def tcp_exchange(port: int = 29531):
+        """The exchange's bytes over plain TCP sockets, a thread per peer, no Gloo: what this
+        bed's links do both ways at once, the floor of the exchange here."""
+        share = -(-nbytes // transfer.RELAY_PIECE_BYTES) * (transfer.RELAY_PIECE_BYTES // (size - 1))
+        peers = [a for k, a in enumerate(addresses) if k not in (0, rank)] if rank != 0 else []
+        listener = socket.create_server((addresses[rank], port)) if peers else None
+        hvd.allreduce(torch.zeros(1), name="bench.tcp.listening")
+        failures: list[BaseException] = []
+
+        def send(address):
+            with socket.create_connection((address, port)) as conn:
+                conn.sendall(memoryview(flat.numpy())[:share])
+
+        def receive():
+            conn, _ = listener.accept()
+            with conn:
+                view, left = memoryview(bytearray(1 << 20)), share
+                while left:
+                    got = conn.recv_into(view, min(left, len(view)))
+                    if not got:
+                        raise ConnectionError(f"a peer closed with {left} bytes to come")
+                    left -= got
+
+        def guarded(work, *args):
+            try:
+                work(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(send, p)) for p in peers]
+        threads += [threading.Thread(target=guarded, args=(receive,)) for _ in peers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if listener is not None:
+            listener.close()
+        if failures:
+            raise failures[0]
+
     variants = {"sync": (joiner_lacks_the_state, state.sync), "start": (only_rank_0_holds_it, state.sync),
+                "start: scatter": (None, lambda: relay_half("scatter")),
+                "start: exchange": (None, lambda: relay_half("exchange")),
+                "start: exchange, TCP": (None, tcp_exchange),
                 "horovod": (None, horovod),
                 "flat": (None, lambda: hvd.broadcast_(flat, 0, name="bench.flat"))}
     times: dict[str, list[float]] = {name: [] for name in variants}

@@ -32,9 +32,12 @@ does):
 * nobody needs anything: no transfer at all;
 * rank 0 is the only donor (everyone else needs the unit): with one
   receiver, Gloo's broadcast, straight into its buffer (one send); with more,
-  a relay (:func:`_relay`): rank 0 sends each receiver one stripe, and the
-  receivers pass their stripes to each other while the next unit's arrive,
-  so rank 0's outbound link carries S once and no tree's depth adds up;
+  a relay (:func:`_relay`): rank 0 sends each receiver one stripe of a
+  piece, and the receivers pass their stripes to each other while the next
+  piece's arrive, so rank 0's outbound link carries S once and no tree's
+  depth adds up (on the bed, Gloo moves that exchange, every receiver's
+  link loaded both ways, at about half the rate plain TCP sockets reach:
+  ``benchmarks/state_transfer.py``);
 * otherwise every donor sends a disjoint stripe of the unit to each
   receiver, all at once, through one ``alltoall`` (Gloo's alltoallv posts
   every send and receive together).  A joiner then receives the S bytes from
