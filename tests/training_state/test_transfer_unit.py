@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 
 from hvd_elastic.training._internal import transfer
@@ -116,3 +119,61 @@ def test_a_relayed_unit_is_cut_into_pieces_that_cover_it_once_in_order(monkeypat
     assert [(p.first, p.last) for p in pieces] == [(True, False), (False, False), (False, True)]
     assert torch.equal(torch.cat([p.data for p in pieces]), as_bytes(unit.data))
     assert all(p.data.data_ptr() == as_bytes(unit.data)[1500 * i:].data_ptr() for i, p in enumerate(pieces))
+
+
+class _ThreadedAlltoall:
+    """Horovod's ``alltoall_async``/``synchronize`` for ranks that are threads of this process:
+    enough to run the relay's schedule at any world size without Horovod."""
+
+    def __init__(self, size: int):
+        self.size, self.posted, self.lock = size, {}, threading.Condition()
+        self.me = threading.local()
+
+    def alltoall_async(self, payload, splits, name):
+        with self.lock:
+            self.posted.setdefault(name, {})[self.me.rank] = (payload.clone(), list(splits))
+            self.lock.notify_all()
+        return name
+
+    def synchronize(self, name):
+        with self.lock:
+            assert self.lock.wait_for(lambda: len(self.posted[name]) == self.size, timeout=10), name
+            parts = []
+            for source in range(self.size):
+                payload, splits = self.posted[name][source]
+                parts.append(payload[sum(splits[: self.me.rank]): sum(splits[: self.me.rank + 1])])
+            return torch.cat(parts), torch.tensor([p.numel() for p in parts])
+
+
+@pytest.mark.parametrize("size", [3, 4, 5, 8])
+def test_the_relay_leaves_every_rank_rank_0_s_bytes_and_unpacks_each_unit_once_in_order(monkeypatch, size):
+    import horovod.torch as hvd
+
+    fake = _ThreadedAlltoall(size)
+    monkeypatch.setattr(hvd, "alltoall_async", fake.alltoall_async)
+    monkeypatch.setattr(hvd, "synchronize", fake.synchronize)
+    monkeypatch.setattr(transfer, "RELAY_PIECE_BYTES", 999)  # uneven pieces, uneven stripes
+    rank_0 = state(w=torch.randn(40, 33), b=torch.tensor([-0.0, float("nan"), 1.0, 2.0]))
+    blank = {k: torch.zeros_like(v) for k, v in rank_0.items()}
+    buffers = [buffer_of(rank_0)] + [buffer_of(blank) for _ in range(size - 1)]
+    everyone = Plan((frozenset(),) + (frozenset(range(5)),) * (size - 1))
+    unpacked: list[list[tuple[int, ...]]] = [[] for _ in range(size)]
+    results: list = [None] * size
+
+    def rank(r: int):
+        fake.me.rank = r
+        todo = units(buffers[r], everyone, bucket_bytes=256)
+        results[r] = transfer._relay(todo, rank=r, size=size, name="relay", fill=None,
+                                     unpack=lambda indices: unpacked[r].append(tuple(indices)))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    nbytes = buffers[0].layout.nbytes
+    assert results[0] == (nbytes, 0)  # rank 0 sends the state once, whatever the size
+    for r in range(1, size):
+        assert all(torch.equal(as_bytes(a), as_bytes(b)) for a, b in zip(buffers[r].views, buffers[0].views))
+        assert results[r][1] == nbytes
+        assert unpacked[r] == [u.indices for u in units(buffers[0], everyone, bucket_bytes=256)]
