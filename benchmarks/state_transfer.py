@@ -15,7 +15,7 @@ rank 0's committed state.  Interleaved round by round, in the same processes:
 * ``start``: the same sync where only rank 0 holds the state (a job's start
   or resume: rank 0 is the one donor);
 * ``start: scatter`` and ``start: exchange``: the two halves of the start's
-  relay, each alone over the same bytes in the same pieces: rank 0's stripes
+  relay, each alone in the relay's pieces (whole ones): rank 0's stripes
   to the receivers (links loaded one way), the receivers' stripes to each
   other (every receiver's link loaded both ways, (N-2)/(N-1) of S each way);
   and those same exchanged bytes over plain TCP sockets, a thread per peer
@@ -183,12 +183,15 @@ def main_worker(args: argparse.Namespace) -> int:
                     t.add_(1)
             state.save()
 
+    # The relay's halves move the state in whole pieces (the last one rounded up): the same steps.
+    pieces = -(-nbytes // transfer.RELAY_PIECE_BYTES)
+    stripe = transfer.RELAY_PIECE_BYTES // (size - 1)
+
     def relay_half(half: str):
-        """One half of the start's relay alone, over the same bytes in the same pieces: rank 0's
-        stripes to the receivers (its outbound link, one way), or the receivers passing their
-        stripes to each other (every receiver's link both ways at once)."""
-        stripe = transfer.RELAY_PIECE_BYTES // (size - 1)
-        for step in range(-(-nbytes // transfer.RELAY_PIECE_BYTES)):
+        """One half of the start's relay alone, in the relay's pieces: rank 0's stripes to the
+        receivers (its outbound link, one way), or the receivers passing their stripes to each
+        other (every receiver's link both ways at once)."""
+        for step in range(pieces):
             splits = [0] * size
             if half == "scatter" and rank == 0:
                 splits[1:] = [stripe] * (size - 1)
@@ -201,7 +204,7 @@ def main_worker(args: argparse.Namespace) -> int:
     def tcp_exchange(port: int = 29531):
         """The exchange's bytes over plain TCP sockets, a thread per peer, no Gloo: what this
         bed's links do both ways at once, the floor of the exchange here."""
-        share = -(-nbytes // transfer.RELAY_PIECE_BYTES) * (transfer.RELAY_PIECE_BYTES // (size - 1))
+        share = pieces * stripe
         peers = [a for k, a in enumerate(addresses) if k not in (0, rank)] if rank != 0 else []
         listener = socket.create_server((addresses[rank], port)) if peers else None
         hvd.allreduce(torch.zeros(1), name="bench.tcp.listening")

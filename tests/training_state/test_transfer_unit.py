@@ -156,7 +156,7 @@ def test_the_relay_leaves_every_rank_rank_0_s_bytes_and_unpacks_each_unit_once_i
     rank_0 = state(w=torch.randn(40, 33), b=torch.tensor([-0.0, float("nan"), 1.0, 2.0]))
     blank = {k: torch.zeros_like(v) for k, v in rank_0.items()}
     buffers = [buffer_of(rank_0)] + [buffer_of(blank) for _ in range(size - 1)]
-    everyone = Plan((frozenset(),) + (frozenset(range(5)),) * (size - 1))
+    everyone = Plan.lacking(size, 5, range(1, size))
     unpacked: list[list[tuple[int, ...]]] = [[] for _ in range(size)]
     results: list = [None] * size
 

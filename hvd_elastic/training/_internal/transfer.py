@@ -45,7 +45,7 @@ does):
   0's outbound link or a tree's depth; ranks that need nothing receive
   nothing.
 
-Every way copies bytes and never do arithmetic on them, so -0.0, NaN payloads
+Every way copies bytes and never does arithmetic on them, so -0.0, NaN payloads
 and integer or bool tensors arrive exactly.
 
 GPU tensors (NCCL): the commit buffer is host memory, so the digests and the
