@@ -29,7 +29,8 @@ Contracts:
 * A snapshot holding a value ``torch.load(weights_only=True)`` cannot read is
   a write error naming the value and its type (see
   :func:`hvd_elastic.training._internal.snapshot.check_loadable`): nothing is written
-  that would only fail at resume.
+  that would only fail at resume.  :class:`~hvd_elastic.training.state.TrainingState`
+  refuses such a value where it is stored, so its snapshots never reach this.
 * :meth:`CheckpointManager.load_latest` returns the newest checkpoint whose
   manifest parses and whose payload matches its sha256; anything else is skipped
   with a warning that names the file.  When checkpoints exist and NONE loads it

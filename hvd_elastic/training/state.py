@@ -83,7 +83,7 @@ from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training._internal.objects import allgather_object, broadcast_object
 from hvd_elastic.training._internal.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, copy_tensors
 from hvd_elastic.training._internal.rng import RNGState
-from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, tree_copy
+from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, check_loadable, tree_copy
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,12 @@ class TrainingState(State):
             rank 0's committed state and its rank (deterministic).
         bucket_bytes: size of the broadcast buckets of :meth:`sync`.
         **values: user values (epoch, step, metrics...), exposed as attributes
-            and committed with the rest.  Keep them to tensors, numbers,
-            strings, lists, tuples and dicts so snapshots stay loadable with
-            ``weights_only=True`` (a checkpoint write refuses anything else,
-            naming it).  A value with ``state_dict``/``load_state_dict`` (a
+            and committed with the rest: tensors, numbers, strings, lists,
+            tuples, sets and dicts of them, what ``weights_only=True`` loads.
+            Anything else (a lambda, a NumPy array, an arbitrary object) raises
+            ``TypeError`` naming it where it is stored: here, at ``state.x =``,
+            or at the commit after an in-place change, on every rank alike,
+            never as a checkpoint that is silently not written.  A value with ``state_dict``/``load_state_dict`` (a
             second scheduler, an EMA, a custom sampler) is not a value: it is
             registered as a component under its name (see :meth:`register`)
             and stays the same live object across restores.  Every value is
@@ -137,9 +139,11 @@ class TrainingState(State):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **values: Any,
     ):
-        for name in values:
+        for name, value in values.items():
             if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
                 raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
+            if not is_stateful(value):
+                check_loadable(value, f"state.{name}")
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
@@ -251,6 +255,7 @@ class TrainingState(State):
         """
         values = self.__dict__.get("_values")
         if values is not None and name in values:
+            check_loadable(value, f"state.{name}")  # here, not at a checkpoint write long after
             values[name] = value
         elif (name.startswith("_") or name in self.__dict__ or hasattr(type(self), name)
               or not self.__dict__.get("_constructed", False)):
@@ -511,7 +516,12 @@ class TrainingState(State):
             for key, tensor in component.tensors():
                 named.append((f"{name}/{key}", tensor))
             metas[name] = component.meta()
-        meta = {"components": metas, "values": tree_copy(self._values), "policy": dict(self._policy)}
+            check_loadable(metas[name], f"{name}.state_dict()")
+        values = tree_copy(self._values)
+        for name, value in values.items():
+            # Values changed in place (state.history.append(x)) pass no __setattr__.
+            check_loadable(value, f"state.{name}")
+        meta = {"components": metas, "values": values, "policy": dict(self._policy)}
         return named, meta
 
     def _buffer_for(self, layout: FlatLayout) -> FlatBuffer:

@@ -1,4 +1,4 @@
-"""Checkpoints fail loudly where they used to fail silently (issue 11), in one process.
+"""Checkpoints fail loudly where they used to fail silently (issues 11 and 43), in one process.
 
 Each test here failed against the code before the fix; the docstring says how.
 """
@@ -10,6 +10,7 @@ import dataclasses
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,16 +49,86 @@ def train_until(state: TrainingState, until: int) -> None:
         state.commit()
 
 
-def test_a_value_weights_only_cannot_read_is_a_write_error_naming_it(tmp_path):
-    """Before: the checkpoint was written, and at resume every one was refused by
-    ``weights_only=True`` and skipped: the job silently started again from step 0."""
-    state = make_state(settings=Settings())
-    run(checkpoint_dir=tmp_path / "ckpt", checkpoint_every_commits=1, event_log=tmp_path / "events.jsonl")(
-        train_until)(state, 2)
-    errors = [e["error"] for e in EventLog.read(tmp_path / "events.jsonl", event="checkpoint_error")]
-    assert errors, "an unloadable checkpoint was written"
-    assert "['values']['settings']" in errors[0] and "Settings" in errors[0] and "add_safe_globals" in errors[0]
-    assert not list((tmp_path / "ckpt").glob("ckpt-*")), "a checkpoint that cannot be loaded was left on disk"
+@pytest.mark.parametrize("bad, shown", [
+    (Settings(), r"\S*Settings"), (lambda: 1, "builtins.function"), (object(), "builtins.object"),
+    (np.zeros(3), "numpy.ndarray"), (np.float64(0.5), "numpy.float64"),
+])
+def test_a_value_no_checkpoint_could_hold_is_refused_where_it_is_set(tmp_path, bad, shown):
+    """Before (issue 43): the state took it, every checkpoint write then failed with one
+    ERROR line while training went on, and the directory stayed empty: a whole-job loss
+    started over from step 0.  Now the line that stores it raises, on every rank alike."""
+    with pytest.raises(TypeError, match=rf"^state\.extra = .*\(type {shown}\) cannot be checkpointed"):
+        make_state(extra=bad)
+    state = make_state(extra=0.0)
+    with pytest.raises(TypeError, match=rf"^state\.extra = .*\(type {shown}\) cannot be checkpointed") as raised:
+        state.extra = bad
+    assert "\n" not in str(raised.value)
+    assert state.extra == 0.0, "the refused value was stored anyway"
+
+
+def test_numpy_values_are_told_how_to_convert():
+    with pytest.raises(TypeError, match=r"convert it \(x\.item\(\)\)"):
+        make_state(loss=np.float32(1.0))
+    with pytest.raises(TypeError, match=r"convert it \(torch\.from_numpy\(x\)\)"):
+        make_state(weights=np.ones(2))
+
+
+def test_a_value_changed_in_place_is_refused_at_the_commit_before_any_checkpoint(tmp_path):
+    """``state.history.append(x)`` passes no assignment: the commit that would hold it
+    raises (before its host check, so no rank is left waiting in a collective), and
+    the checkpoints written before stay loadable."""
+    ckpt = tmp_path / "ckpt"
+
+    def train(state):
+        train_until(state, 2)
+        state.history.append(Settings())
+        state.step += 1
+        state.commit()
+
+    state = make_state(history=[])
+    with pytest.raises(TypeError, match=r"^state\.history\[0\] = Settings\(lr=0\.1\) \(type .*Settings\)"):
+        run(checkpoint_dir=ckpt, checkpoint_every_commits=1, event_log=tmp_path / "events.jsonl")(train)(state)
+    assert not list(EventLog.read(tmp_path / "events.jsonl", event="checkpoint_error"))
+    resumed = CheckpointManager(ckpt).load_latest()
+    assert resumed.manifest["step"] in (1, 2)  # a write that falls due while one is in flight waits
+    assert resumed.snapshot["values"]["history"] == []
+
+
+def test_a_component_whose_state_dict_no_checkpoint_could_hold_is_refused_at_construction():
+    class Ema:
+        def state_dict(self):
+            return {"decay": np.float64(0.99)}
+
+        def load_state_dict(self, state):
+            pass
+
+    with pytest.raises(TypeError, match=r"^ema\.state_dict\(\)\['decay'\] = np\.float64\(0\.99\) \(type numpy"):
+        make_state(ema=Ema())
+
+
+def test_values_weights_only_reads_round_trip_through_a_checkpoint(tmp_path):
+    """Sets, nested containers, dtypes and tensors are all values a checkpoint keeps."""
+    values = {"seen": {1, 2}, "nested": {"a": [1, (2.0, "x")], "b": None}, "dtype": torch.float16,
+              "mean": torch.arange(3.0)}
+    run(checkpoint_dir=tmp_path / "ckpt", checkpoint_every_commits=1)(train_until)(make_state(**values), 2)
+    state = make_state(**{k: None for k in values})
+    run(checkpoint_dir=tmp_path / "ckpt")(lambda s: None)(state)
+    assert state.step == 2
+    for name, value in values.items():
+        got = getattr(state, name)
+        assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value, name
+
+
+def test_the_writer_still_refuses_an_unloadable_snapshot_naming_it(tmp_path):
+    """The manager's own check stays for snapshots that do not come from a TrainingState."""
+    events = []
+    mgr = CheckpointManager(tmp_path, on_event=lambda name, fields: events.append((name, fields)))
+    assert not mgr.save({"values": {"settings": Settings()}}, step=1)
+    mgr.close()
+    assert [name for name, _ in events] == ["checkpoint_error"]
+    error = events[0][1]["error"]
+    assert "['values']['settings']" in error and "Settings" in error and "add_safe_globals" in error
+    assert not list(tmp_path.glob("ckpt-*")), "a checkpoint that cannot be loaded was left on disk"
 
 
 def _two_checkpoints_then_truncated(directory: Path) -> list[Path]:

@@ -3,6 +3,7 @@ checkpoint, write errors in the event log, bad settings."""
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -67,9 +68,13 @@ def test_resumes_where_the_last_call_left_off(tmp_path):
     assert {e["rank"] for e in events} == {0} and {e["size"] for e in events} == {1}
 
 
-def test_write_errors_reach_the_event_log_and_training_goes_on(tmp_path):
-    # torch.save cannot serialise a function: every write fails.
-    state = make_state(callback=lambda: None)
+def test_write_errors_reach_the_event_log_and_training_goes_on(tmp_path, monkeypatch):
+    # A full disk: every write fails (a value no checkpoint could hold is refused earlier, by the state).
+    def no_space(self, path, snapshot):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(CheckpointManager, "_write_payload", no_space)
+    state = make_state()
     train = run(checkpoint_dir=tmp_path / "ckpt", checkpoint_every_commits=2,
                 event_log=tmp_path / "events.jsonl")(train_until)
     assert train(state, 4) == 0
@@ -77,6 +82,8 @@ def test_write_errors_reach_the_event_log_and_training_goes_on(tmp_path):
     names = [e["event"] for e in EventLog.read(tmp_path / "events.jsonl")]
     # Commits 2 and 4 fail; the exit write retries and fails too.
     assert names.count("checkpoint_error") == 3 and "checkpoint" not in names and names[-1] == "finish"
+    errors = [e["error"] for e in EventLog.read(tmp_path / "events.jsonl", event="checkpoint_error")]
+    assert all("No space left on device" in error for error in errors)
     assert CheckpointManager(tmp_path / "ckpt").load_latest() is None
 
 

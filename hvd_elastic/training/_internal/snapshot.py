@@ -28,42 +28,58 @@ _SCALARS = frozenset({int, float, bool, str, bytes, bytearray, complex, type(Non
 _TENSORS = frozenset({torch.Tensor, torch.nn.Parameter, torch.Size})
 _MAPPINGS = frozenset({dict, OrderedDict, Counter})
 _SEQUENCES = frozenset({list, tuple, set})
+_LEAVES = _SCALARS | _TENSORS
 
 
 def check_loadable(value: Any, where: str) -> None:
     """Raise TypeError naming the first value under ``where`` that
     ``torch.load(weights_only=True)`` would refuse (its path, repr and type, and the fix)."""
-    found = _first_unloadable(value, where)
-    if found is None:
+    trail = _first_unloadable(value)
+    if trail is None:
         return
-    path, bad = found
+    # The path is spelled only on failure: a commit checks its values every time.
+    path, bad = where, value
+    for fmt, step in reversed(trail):
+        bad = step if fmt is _KEY else bad[step] if fmt is _ITEM else list(bad)[step]
+        path += f" key {step!r}" if fmt is _KEY else f"[{step!r}]"
     kind = f"{type(bad).__module__}.{type(bad).__qualname__}"
     shown = repr(bad).replace("\n", " ")
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    fix = (f"convert it ({'torch.from_numpy(x)' if type(bad).__name__ == 'ndarray' else 'x.item()'})"
+           if type(bad).__module__ == "numpy" else
+           f"allow the type with torch.serialization.add_safe_globals([{kind}])")
     raise TypeError(
         f"{path} = {shown} (type {kind}) cannot be checkpointed: torch.load(weights_only=True) would refuse it "
-        f"at resume; store plain values (tensors, numbers, strings, lists, tuples, dicts) or allow the type "
-        f"with torch.serialization.add_safe_globals([{kind}])"
+        f"at resume; store plain values (tensors, numbers, strings, lists, tuples, dicts) or {fix}"
     )
 
 
-def _first_unloadable(value: Any, path: str) -> tuple[str, Any] | None:
+# How a trail step descends: into a mapping's key, a mapping's value, or a sequence's i-th item.
+_KEY, _ITEM, _INDEX = "key", "item", "index"
+
+
+def _first_unloadable(value: Any) -> list[tuple[str, Any]] | None:
+    """None when ``value`` loads; else the steps down to the refused value, innermost first."""
     kind = type(value)
-    if kind in _SCALARS or kind in _TENSORS:
+    if kind in _LEAVES:
         return None
+    # Leaves are tested inline: no call per number or string of a long list.
     if kind in _MAPPINGS:
         for key, item in value.items():
-            found = _first_unloadable(key, f"{path} key {key!r}") or _first_unloadable(item, f"{path}[{key!r}]")
-            if found:
-                return found
+            trail = None if type(key) in _LEAVES else _first_unloadable(key)
+            if trail is not None:
+                return [*trail, (_KEY, key)]
+            trail = None if type(item) in _LEAVES else _first_unloadable(item)
+            if trail is not None:
+                return [*trail, (_ITEM, key)]
         return None
     if kind in _SEQUENCES:
         for i, item in enumerate(value):
-            found = _first_unloadable(item, f"{path}[{i}]")
-            if found:
-                return found
+            trail = None if type(item) in _LEAVES else _first_unloadable(item)
+            if trail is not None:
+                return [*trail, (_INDEX, i)]
         return None
-    return None if kind in _safe_globals() else (path, value)
+    return None if kind in _safe_globals() else []
 
 
 def _safe_globals() -> set:
