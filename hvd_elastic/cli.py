@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 from hvd_elastic import __version__
-from hvd_elastic.options import one_line_errors
+from hvd_elastic.options import LOG_LEVELS, env, log_level, one_line_errors
 
 # name -> (module, one-line help).  Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -56,11 +55,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hvd-elastic {__version__}")
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("HVD_ELASTIC_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=log_level,
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        default=env("HVD_ELASTIC_LOG_LEVEL", "INFO"),
         help="logging level (env HVD_ELASTIC_LOG_LEVEL; default %(default)s)",
     )
-    one_line_errors(parser)
+    # A bad global option (HVD_ELASTIC_LOG_LEVEL=trace) still names the subcommand that was run.
+    one_line_errors(parser, prog=f"{parser.prog} {only}" if only else None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
@@ -68,7 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == only:
             module = _load(name)
             module.add_arguments(sp)
-            sp.set_defaults(_module=module)
+            sp.set_defaults(_module=module, _prog=sp.prog)  # errors at run time name the command the same way
     return parser
 
 

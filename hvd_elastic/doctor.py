@@ -1,8 +1,13 @@
 """``hvd-elastic doctor``: check, one line each, what a training node needs.
 
-Every check returns a :class:`Finding`.  A failed *required* check makes the
-command exit 1 and its line says how to fix it; optional checks (GPUs on a
-CPU-only node, say) only warn.
+Every check returns a :class:`Finding`, printed as soon as it is made (on a
+terminal, the check under way shows meanwhile: importing torch and
+``horovodrun --check-build`` take seconds).  A failed *required* check makes
+the command exit 1, or 2 when what failed is a setting (a bad
+``--http-addr``/``CONSUL_HTTP_ADDR``, an unreadable token file), and its line
+says how to fix it; optional checks (GPUs, CUDA and NCCL on a CPU-only node,
+say; required with ``--require-gpu``) only warn.  Consul is reached with the
+same flags and ``CONSUL_*`` variables as every other command.
 
 ``--hosts h1,h2`` adds one ``shared`` line per host: doctor writes a marker
 into ``--checkpoint-dir`` here (:mod:`hvd_elastic.training._internal.shared_dir`) and
@@ -23,17 +28,36 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from hvd_elastic.consul import api
-from hvd_elastic.consul.config import ConfigError, ConsulConfig, token_file_exposure
+from hvd_elastic.consul.config import ConfigError, read_token_file, token_file_exposure
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import token_guard
-from hvd_elastic.options import argument_type, host_list
+from hvd_elastic.options import (
+    add_consul_arguments,
+    argument_type,
+    command_name,
+    consul_config,
+    env,
+    fail,
+    host_list,
+    positive_seconds,
+    setting,
+)
 from hvd_elastic.training._internal import shared_dir
 
-BOOTSTRAP_FIX = "run scripts/bootstrap.sh"
+def install_fix(package_dir: str) -> str:
+    """How to (re)install what is missing for the hvd_elastic in ``package_dir``: a checkout's bootstrap script,
+    or pip for an installed package (which has no scripts/)."""
+    if os.path.isfile(os.path.join(os.path.dirname(package_dir), "scripts", "bootstrap.sh")):
+        return "run scripts/bootstrap.sh"
+    return ("install torch, then HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 "
+            "pip install --no-cache-dir 'horovod[pytorch]==0.28.1' (HOROVOD_GPU_OPERATIONS=NCCL too on GPU nodes)")
+
+
+BOOTSTRAP_FIX = install_fix(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass
@@ -43,6 +67,7 @@ class Finding:
     detail: str
     fix: str = ""
     required: bool = True
+    bad_input: bool = False  # failed on a bad setting (exit 2), not on the node itself (exit 1)
 
     @property
     def label(self) -> str:
@@ -105,10 +130,34 @@ def check_horovod(args: argparse.Namespace) -> Finding:
         "Gloo": build.get("Available Controllers", {}).get("Gloo", False),
         "MPI": build.get("Available Controllers", {}).get("MPI", False),
     }
+    nccl = build.get("Available Tensor Operations", {}).get("NCCL", False)
+    needed = {**ticked, **({"NCCL": nccl} if args.require_gpu else {})}  # GPU nodes allreduce over NCCL
     version = _version_of("horovod") or "?"
-    detail = f"{version}: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in ticked.items())
-    return Finding("horovod", out.returncode == 0 and all(ticked.values()), detail,
-                   "rebuild Horovod with PyTorch, Gloo and MPI: " + BOOTSTRAP_FIX)
+    detail = (f"{version}: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in ticked.items())
+              + f", NCCL {'yes' if nccl else 'no'}")
+    return Finding("horovod", out.returncode == 0 and all(needed.values()), detail,
+                   f"rebuild Horovod with {', '.join(needed)}: " + BOOTSTRAP_FIX)
+
+
+def check_cuda(args: argparse.Namespace) -> Finding:
+    """What torch itself sees of CUDA and NCCL (the GPU line counts what nvidia-smi sees)."""
+    try:
+        import torch
+    except Exception:  # the torch line says why
+        return Finding("cuda", False, "torch not importable", BOOTSTRAP_FIX, required=args.require_gpu)
+    if not torch.version.cuda:
+        return Finding("cuda", False, f"torch {torch.__version__} is a CPU-only build",
+                       "install a CUDA build of torch (https://pytorch.org/get-started/locally/)",
+                       required=args.require_gpu)
+    if not torch.cuda.is_available():
+        return Finding("cuda", False, f"torch built for CUDA {torch.version.cuda} sees no GPU",
+                       "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES", required=args.require_gpu)
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # a build without NCCL
+        nccl = "none"
+    return Finding("cuda", nccl != "none", f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s), "
+                   f"NCCL {nccl}", "install a torch build with NCCL", required=args.require_gpu)
 
 
 def check_mpi(args: argparse.Namespace) -> Finding:
@@ -125,15 +174,12 @@ def check_mpi(args: argparse.Namespace) -> Finding:
 
 
 def check_consul(args: argparse.Namespace) -> Finding:
-    fix = "start the local Consul agent or point CONSUL_HTTP_ADDR at it"
+    fix = "start the local Consul agent or point --http-addr or CONSUL_HTTP_ADDR at it"
     try:
-        cfg = ConsulConfig.from_env()
-    except ConfigError as exc:
-        return Finding("consul", False, str(exc), "fix the CONSUL_HTTP_* variable")
-    try:
+        cfg = consul_config(args)
         leader = api.leader(cfg, timeout=args.timeout)
     except ConfigError as exc:
-        return Finding("consul", False, str(exc), "fix the CONSUL_CACERT / CONSUL_CLIENT_* files")
+        return Finding("consul", False, str(exc), bad_input=True)
     except ConsulError as exc:
         return Finding("consul", False, str(exc), fix if exc.status is None else "")
     if not leader:
@@ -150,20 +196,27 @@ def check_token(args: argparse.Namespace) -> Finding:
         accepted = token_guard.allowed(os.environ)
     except ConfigError as exc:
         return Finding("token", False, str(exc), f"set {token_guard.ALLOW_ENV}=1 or unset it")
-    found = token_guard.exposure(os.environ, token_flag=False)
+    found = token_guard.exposure(os.environ, token_flag=bool(args.token))
     if found is not None:
         risk, fix = found
         allow = f"{token_guard.ALLOW_ENV}=1"
         detail = f"{risk}; under horovodrun discovery " + (f"runs anyway ({allow})" if accepted
                                                            else f"refuses to run unless {allow}")
         return Finding("token", False, detail, fix, required=not accepted)
-    path = os.environ.get("CONSUL_HTTP_TOKEN_FILE")
+    source, path = (("--token-file", args.token_file) if args.token_file
+                    else ("CONSUL_HTTP_TOKEN_FILE", os.environ.get("CONSUL_HTTP_TOKEN_FILE")))
     if not path:
         return Finding("token", True, "no Consul ACL token set")
+    try:
+        token = read_token_file(source, path, warn=False)
+    except ConfigError as exc:
+        return Finding("token", False, str(exc), "make it readable by the user that runs the job", bad_input=True)
+    if not token:
+        return Finding("token", False, f"{source}={path!r} is empty", "write the token into it", bad_input=True)
     exposed = token_file_exposure(path)
     if exposed:
-        return Finding("token", False, f"CONSUL_HTTP_TOKEN_FILE={path!r} {exposed}", required=False)
-    return Finding("token", True, f"CONSUL_HTTP_TOKEN_FILE={path!r}, readable by its owner only")
+        return Finding("token", False, f"{source}={path!r} {exposed}", required=False)
+    return Finding("token", True, f"{source}={path!r}, readable by its owner only")
 
 
 def check_gpus(args: argparse.Namespace) -> Finding:
@@ -179,10 +232,16 @@ def check_gpus(args: argparse.Namespace) -> Finding:
 
 def check_disk(args: argparse.Namespace) -> Finding:
     path = args.checkpoint_dir
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(os.path.abspath(probe))
-    free_gib = shutil.disk_usage(probe).free / 2**30
+    where = f"{setting(args, 'checkpoint_dir', '--checkpoint-dir')}={path!r}"
+    if not os.path.exists(path):
+        return Finding("disk", False, f"{where} does not exist",
+                       "create it (on the file system every host mounts) or choose another --checkpoint-dir")
+    if not os.path.isdir(path):
+        return Finding("disk", False, f"{where} is not a directory", "choose a directory as --checkpoint-dir")
+    if not os.access(path, os.W_OK | os.X_OK):
+        return Finding("disk", False, f"{where} is not writable by this user",
+                       "make it writable by the user that runs the job")
+    free_gib = shutil.disk_usage(path).free / 2**30
     ok = free_gib >= args.min_free_gib
     return Finding("disk", ok, f"{free_gib:.1f} GiB free at {path} (need {args.min_free_gib:g})",
                    "free space or choose another --checkpoint-dir")
@@ -258,8 +317,8 @@ def check_ssh(args: argparse.Namespace) -> Finding:
 
 
 CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
-    check_python, check_torch, check_horovod, check_mpi, check_consul, check_token, check_gpus, check_disk,
-    check_ssh,
+    check_python, check_torch, check_horovod, check_mpi, check_gpus, check_cuda, check_consul, check_token,
+    check_disk, check_ssh,
 ]
 
 
@@ -267,7 +326,7 @@ _non_negative = argument_type(float, lambda v: 0 <= v < float("inf"), "a number 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint-dir", default=os.environ.get("HVD_ELASTIC_CHECKPOINT_DIR", "."),
+    parser.add_argument("--checkpoint-dir", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."),
                         help="where checkpoints will be written (env HVD_ELASTIC_CHECKPOINT_DIR; default: .)")
     parser.add_argument("--min-free-gib", type=_non_negative, default=1.0,
                         help="free disk required at --checkpoint-dir, in GiB (default %(default)s)")
@@ -275,19 +334,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", type=host_list, metavar="H1,H2,...", default=[],
                         help="also check over ssh that each of these hosts sees --checkpoint-dir "
                              "(the same shared directory), one 'shared' line per host")
-    parser.add_argument("--timeout", type=_non_negative, default=2.0,
-                        help="seconds to wait for the Consul agent (default %(default)s)")
-    parser.epilog = ("Consul is reached through CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE and the other "
-                     "CONSUL_HTTP_* variables.")
+    parser.add_argument("--timeout", type=positive_seconds, default=2.0,
+                        help="how long to wait for the Consul agent (seconds, or e.g. 500ms; default %(default)s)")
+    add_consul_arguments(parser)
+
+
+def findings(args: argparse.Namespace) -> Iterator[Finding]:
+    """Every check's finding as soon as it is made; on a terminal, which check runs meanwhile (some take
+    seconds: importing torch, ``horovodrun --check-build``)."""
+    progress = sys.stderr.isatty()
+    for check in CHECKS:
+        if progress:
+            sys.stderr.write(f"checking {check.__name__.removeprefix('check_')}...\r")
+            sys.stderr.flush()
+        finding = check(args)
+        if progress:
+            sys.stderr.write("\x1b[K")  # erase the progress line before the finding takes its place
+        yield finding
+    yield from check_shared_dir(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    findings = [check(args) for check in CHECKS] + check_shared_dir(args)
-    for finding in findings:
+    failed = []
+    for finding in findings(args):
         print(finding.line(), flush=True)
-    failed = [f.name for f in findings if not f.ok and f.required]
+        if not finding.ok and finding.required:
+            failed.append(finding)
     if failed:
         # One name per kind of check: --hosts makes a "shared" line per host.
-        print(f"doctor: {len(failed)} required check(s) failed: {', '.join(dict.fromkeys(failed))}", file=sys.stderr)
-        return 1
+        names = ", ".join(dict.fromkeys(f.name for f in failed))
+        code = 2 if any(f.bad_input for f in failed) else 1  # a bad setting is bad input, as for every command
+        return fail(command_name(args), f"{len(failed)} required check(s) failed: {names}", code)
     return 0

@@ -1,4 +1,4 @@
-"""Settings read from the environment: booleans and seconds, read one way everywhere.
+"""Settings read from the environment: booleans and durations, read one way everywhere.
 
 Dependency-free and cheap to import: discovery (run every second under
 ``python -I -S``), training and the dev agent all read their variables
@@ -36,15 +36,38 @@ def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None)
     return parse_bool(name, value) if value else default
 
 
+#: What a duration setting takes, for error messages: the spellings :func:`parse_seconds` accepts.
+DURATION = "seconds, or e.g. 500ms, 15s, 1m30s"
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds from a bare number (``"1.5"``) or a Go duration as Consul writes them (``"15s"``, ``"1m30s"``,
+    ``"500ms"``); ValueError otherwise.
+
+    The one reading of every duration setting, flags and variables alike, so that an operator can copy
+    Consul's own spelling anywhere and a bare number keeps meaning seconds.
+    """
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    # Only here: a bare number, the common case, never imports re.
+    from hvd_elastic.consul.gotypes import SECOND, parse_duration
+
+    return parse_duration(text) / SECOND
+
+
 def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """Variable ``name`` as a finite number of seconds >= 0, ``default`` when unset or empty."""
+    """Variable ``name`` as a finite duration >= 0 in seconds (:func:`parse_seconds`), ``default`` when unset or
+    empty."""
     raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
     try:
-        value = float(raw)
+        value = parse_seconds(raw)
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds >= 0")
+        raise ConfigError(f"{name}={raw!r} is not a duration >= 0 ({DURATION})")
     return value

@@ -49,6 +49,8 @@ import threading
 import time
 from pathlib import Path
 
+from hvd_elastic.options import command_name, fail, non_negative_seconds
+
 log = logging.getLogger(__name__)
 
 ATTEMPT_ENV = "HVD_ELASTIC_LAUNCH_ATTEMPT"
@@ -63,43 +65,37 @@ _PR_SET_PDEATHSIG = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=_count, default=3, metavar="N",
                         help="relaunch a job that died at most N times (default %(default)s; 0: never)")
-    parser.add_argument("--restart-delay", type=_seconds, default=1.0, metavar="SECONDS",
-                        help="wait before each relaunch (default %(default)s)")
+    parser.add_argument("--restart-delay", type=non_negative_seconds, default=1.0, metavar="DURATION",
+                        help="wait before each relaunch (seconds, or e.g. 500ms, 1m; default %(default)ss)")
     parser.add_argument("--progress-file", type=Path, metavar="PATH",
                         help="a file the job writes to as it trains, such as @hvd_elastic.run's event log "
                              "(RUN_DIR/events.jsonl: a line per commit); with --stall-timeout")
-    parser.add_argument("--stall-timeout", type=_seconds, default=0.0, metavar="SECONDS",
+    parser.add_argument("--stall-timeout", type=non_negative_seconds, default=0.0, metavar="DURATION",
                         help="end and relaunch the job when --progress-file has not changed for this long "
-                             "(default 0: never; make it longer than any wait for hosts or checkpoint write)")
+                             "(seconds, or e.g. 10m; default 0: never; make it longer than any wait for hosts or "
+                             "checkpoint write)")
     # dest "argv": "command" is the subcommand's own name in hvd_elastic.cli's namespace.
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="horovodrun and its arguments")
 
 
 def _count(text: str) -> int:
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return int(text)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds >= 0")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
+    prog = command_name(args)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
-        log.error("no command to launch (expected: hvd-elastic launch [--max-restarts N] -- horovodrun ...)")
-        return 2
-    if (args.progress_file is None) != (args.stall_timeout == 0):
-        log.error("--progress-file and --stall-timeout go together (got %s and %g)", args.progress_file,
-                  args.stall_timeout)
-        return 2
+        return fail(prog, "no command to launch (expected: hvd-elastic launch [--max-restarts N] -- horovodrun ...)",
+                    2)
+    if args.progress_file is None and args.stall_timeout:
+        return fail(prog, f"--stall-timeout {args.stall_timeout:g}s needs --progress-file PATH, the file whose "
+                          "changes show the job is alive (@hvd_elastic.run's event log: RUN_DIR/events.jsonl)", 2)
+    if args.progress_file is not None and not args.stall_timeout:
+        return fail(prog, f"--progress-file {str(args.progress_file)!r} needs --stall-timeout DURATION, how long "
+                          "it may stay unchanged before the job counts as stuck", 2)
     return Launcher(command, args.max_restarts, args.restart_delay, args.progress_file, args.stall_timeout).run()
 
 

@@ -20,7 +20,7 @@ import os
 import sys
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.envvars import ConfigError, parse_bool
+from hvd_elastic.envvars import DURATION, ConfigError, parse_bool, parse_seconds
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.standby import protocol
 
@@ -33,9 +33,26 @@ if TYPE_CHECKING:
 DEFAULT_SERVICE = "horovod"
 
 
+class EnvValue(str):
+    """A flag's default read from the variable ``variable``: errors about it name the variable, not the flag."""
+
+    variable: str
+
+    def __new__(cls, text: str, variable: str = "") -> EnvValue:  # variable optional: copies and pickles work
+        value = super().__new__(cls, text)
+        value.variable = variable
+        return value
+
+
 def env(name: str, default: str | None = None) -> str | None:
-    """``os.environ[name]`` when set and non-empty, else ``default``."""
-    return os.environ.get(name) or default
+    """``os.environ[name]`` when set and non-empty (an :class:`EnvValue` naming it), else ``default``."""
+    value = os.environ.get(name)
+    return EnvValue(value, name) if value else default
+
+
+def setting(args: argparse.Namespace, dest: str, flag: str) -> str:
+    """What set ``args.<dest>``, for a message about its value: the variable it was read from, else ``flag``."""
+    return getattr(args, "_env_sources", {}).get(dest) or flag
 
 
 def env_list(name: str) -> list[str]:
@@ -60,8 +77,12 @@ def argument_type(convert, accept, expected: str):
 
 
 positive_int = argument_type(int, lambda v: v > 0, "a positive integer")
-positive_float = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number of seconds")
-non_negative_float = argument_type(float, lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
+positive_number = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number")
+#: Every duration flag: Consul's spelling (15s, 1m30s, 500ms) or bare seconds, through the one parser.
+positive_seconds = argument_type(parse_seconds, lambda v: 0 < v < float("inf"), f"a positive duration ({DURATION})")
+non_negative_seconds = argument_type(parse_seconds, lambda v: 0 <= v < float("inf"), f"a duration >= 0 ({DURATION})")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+log_level = argument_type(str.upper, lambda v: v in LOG_LEVELS, f"a log level ({', '.join(LOG_LEVELS)})")
 standby_name = argument_type(str, protocol.valid_name, f"a standby name ({protocol.NAME_RULE})")
 boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
 
@@ -108,23 +129,55 @@ def add_service_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Bad input is ONE stderr line naming the value and what was expected (no usage block), exit 2."""
+def one_line_errors(parser: argparse.ArgumentParser, prog: str | None = None) -> None:
+    """Bad input is ONE stderr line naming the value and what was expected (no usage block), exit 2.
+
+    ``prog`` names the command in that line (default the parser's own).  A default read from a variable
+    (:func:`env`) that its type refuses is reported as that variable's, not as the flag's.
+    """
+    name = prog or parser.prog
+    # argparse's one conversion of a value, given or default (the class's: a second call wraps it once only).
+    convert = type(parser)._get_value.__get__(parser)
+    sources: dict[str, str] = {}  # dest -> the variable its value came from, for setting()
+    parser.set_defaults(_env_sources=sources)
 
     def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+        parser.exit(2, f"{name}: error: {message}\n")
+
+    def get_value(action: argparse.Action, text: str):
+        try:
+            value = convert(action, text)
+        except argparse.ArgumentError as exc:
+            if not isinstance(text, EnvValue):
+                raise
+            flag = "/".join(action.option_strings)
+            raise argparse.ArgumentError(None, f"{text.variable} (the default of {flag}): {exc.message}") from None
+        if isinstance(text, EnvValue):
+            sources[action.dest] = text.variable
+        return value
 
     parser.error = error
+    parser._get_value = get_value
+
+
+def fail(prog: str, message: object, code: int) -> int:
+    """Print the one error line of every command, ``PROG: error: MESSAGE``, on stderr; return ``code``."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """How the running command calls itself in errors (``hvd-elastic discover``, ``consul_hosts``)."""
+    return getattr(args, "_prog", None) or f"hvd-elastic {getattr(args, 'command', None) or ''}".strip()
 
 
 #: What a command that talks to Consul expects to fail with: bad settings (exit 2) or Consul (exit 1).
 CONSUL_FAILURES = (ConfigError, ConsulError)
 
 
-def explain_failure(command: str, exc: Exception) -> int:
-    """Print ``command: <one line>`` on stderr and return the exit code: 2 for bad input, else 1."""
-    print(f"{command}: {exc}", file=sys.stderr)
-    return 2 if isinstance(exc, (ConfigError, argparse.ArgumentTypeError)) else 1
+def explain_failure(prog: str, exc: Exception) -> int:
+    """Print ``exc`` as :func:`fail` does and return the exit code: 2 for bad input, else 1."""
+    return fail(prog, exc, 2 if isinstance(exc, (ConfigError, argparse.ArgumentTypeError)) else 1)
 
 
 def stop_on_signals(log: logging.Logger, action: str) -> Iterator[threading.Event]:
@@ -172,19 +225,25 @@ __all__ = [
     "CONSUL_FAILURES",
     "ConfigError",
     "DEFAULT_SERVICE",
+    "EnvValue",
     "add_consul_arguments",
     "argument_type",
     "boolean",
     "add_service_argument",
+    "command_name",
     "consul_config",
     "env",
     "env_list",
     "explain_failure",
+    "fail",
     "host_list",
-    "non_negative_float",
+    "log_level",
+    "non_negative_seconds",
     "one_line_errors",
-    "positive_float",
     "positive_int",
+    "positive_number",
+    "positive_seconds",
+    "setting",
     "standby_name",
     "stop_on_signals",
 ]

@@ -108,7 +108,7 @@ def test_doctor_fails_when_consul_is_unreachable(tmp_path):
 
 def test_doctor_names_a_bad_consul_address(tmp_path):
     out = hvd_elastic("doctor", "--checkpoint-dir", str(tmp_path), env={"CONSUL_HTTP_ADDR": "127.0.0.1:eighty"})
-    assert out.returncode == 1
+    assert out.returncode == 2  # a bad setting is bad input, as for every command
     assert "CONSUL_HTTP_ADDR='127.0.0.1:eighty': port 'eighty' is not a number" in out.stdout
 
 

@@ -39,7 +39,9 @@ def test_ssl_variable_switches_scheme():
     ({"CONSUL_HTTP_ADDR": ":8500"}, "has no host"),
     ({"CONSUL_HTTP_SSL": "yes"}, "CONSUL_HTTP_SSL='yes' is not a boolean"),
     ({"CONSUL_HTTP_SSL_VERIFY": "nope"}, "CONSUL_HTTP_SSL_VERIFY='nope' is not a boolean"),
-    ({"CONSUL_CLIENT_CERT": "/c.pem"}, "must be set together"),
+    ({"CONSUL_CLIENT_CERT": "/c.pem"}, "CONSUL_CLIENT_CERT is set without CONSUL_CLIENT_KEY"),
+    ({"CONSUL_HTTP_ADDR": "http://node:abc"}, "CONSUL_HTTP_ADDR='http://node:abc': port 'abc' is not a number"),
+    ({"CONSUL_HTTP_ADDR": "https://node:99999"}, "CONSUL_HTTP_ADDR='https://node:99999': port 99999 is out of range"),
     ({"CONSUL_HTTP_TOKEN_FILE": "/nonexistent/token"}, "CONSUL_HTTP_TOKEN_FILE='/nonexistent/token' cannot be read"),
 ])
 def test_bad_values_are_named(env, message):
@@ -72,8 +74,13 @@ def test_verify_settings():
 
 
 def test_unreadable_tls_files_are_a_config_error_naming_them(tmp_path):
-    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501", "CONSUL_CACERT": str(tmp_path / "missing.pem")})
-    with pytest.raises(ConfigError, match="cannot load the TLS files"):
+    missing = str(tmp_path / "missing.pem")
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501", "CONSUL_CACERT": missing})
+    with pytest.raises(ConfigError) as info:
+        cfg.ssl_context()
+    assert str(info.value) == f"CONSUL_CACERT={missing!r} cannot be read: No such file or directory"
+    cfg = ConsulConfig.from_env({"CONSUL_HTTP_ADDR": "https://n:8501"}, ca_file=missing)
+    with pytest.raises(ConfigError, match=r"^--ca-file='"):
         cfg.ssl_context()
 
 

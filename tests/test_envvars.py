@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hvd_elastic.envvars import ConfigError, env_bool, env_seconds
+from hvd_elastic.envvars import ConfigError, env_bool, env_seconds, parse_seconds
 
 
 def test_booleans_read_like_go_with_a_default_when_unset_or_empty():
@@ -22,11 +22,25 @@ def test_booleans_read_like_go_with_a_default_when_unset_or_empty():
 def test_bad_seconds_name_the_variable_and_value(raw):
     with pytest.raises(ConfigError) as info:
         env_seconds("HVD_ELASTIC_HEALTH_GRACE", 1.0, {"HVD_ELASTIC_HEALTH_GRACE": raw})
-    assert str(info.value) == f"HVD_ELASTIC_HEALTH_GRACE={raw!r} is not a number of seconds >= 0"
+    assert str(info.value) == (f"HVD_ELASTIC_HEALTH_GRACE={raw!r} is not a duration >= 0 "
+                               "(seconds, or e.g. 500ms, 15s, 1m30s)")
 
 
 def test_seconds():
     assert env_seconds("S", 1.5, {}) == 1.5 and env_seconds("S", 1.5, {"S": " 0.25 "}) == 0.25
+
+
+@pytest.mark.parametrize("text, seconds", [("15", 15.0), ("0.5", 0.5), ("15s", 15.0), ("1m30s", 90.0),
+                                           ("500ms", 0.5), ("1h", 3600.0), ("0", 0.0)])
+def test_durations_read_as_consul_writes_them_and_bare_numbers_stay_seconds(text, seconds):
+    assert parse_seconds(text) == seconds
+    assert env_seconds("S", 1.0, {"S": text}) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "15x", "1m30", "s", ""])
+def test_a_bad_duration_is_refused(text):
+    with pytest.raises(ValueError):
+        parse_seconds(text)
 
 
 def test_training_reads_its_switches_without_the_consul_layer():

@@ -127,13 +127,15 @@ def test_a_killed_launcher_takes_the_job_with_it(fake, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     ([], "no command to launch"),
-    (["--max-restarts", "-1", "--", "true"], "--max-restarts: '-1': expected a whole number >= 0"),
-    (["--restart-delay", "soon", "--", "true"], "--restart-delay: 'soon': expected a number of seconds >= 0"),
-    (["--stall-timeout", "60", "--", "true"], "--progress-file and --stall-timeout go together"),
+    (["--max-restarts", "-1", "--", "true"], "--max-restarts: '-1' is not a whole number >= 0"),
+    (["--restart-delay", "soon", "--", "true"], "--restart-delay: 'soon' is not a duration >= 0"),
+    (["--stall-timeout", "1m", "--", "true"], "--stall-timeout 60s needs --progress-file PATH"),
+    (["--progress-file", "p", "--", "true"], "--progress-file 'p' needs --stall-timeout DURATION"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = subprocess.run([HVD_ELASTIC, "launch", *args], env=child_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
+    assert result.stderr.startswith("hvd-elastic launch: error: "), result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 

@@ -46,3 +46,13 @@ def test_a_unit_systemd_rejects_fails_the_check(tmp_path):
     bad.write_text(f"[Service]\nType=notifyish\nExecStart={VENV_BIN / 'hvd-elastic'} standby\n")
     result = subprocess.run([analyze, "verify", str(bad)], capture_output=True, text=True, timeout=120)
     assert "Failed to parse service type" in result.stderr
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_each_unit_says_its_install_path_is_an_assumption_and_how_to_change_it(unit):
+    lines = unit.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
+    above = "\n".join(lines[max(0, start - 6):start])
+    assert "# The path below is an assumption: hvd-elastic installed in the virtual environment" in above, above
+    arguments = lines[start].removeprefix(f"ExecStart={PREFIX}/hvd-elastic")
+    assert "systemctl edit" in above and f"#   ExecStart=/your/prefix/bin/hvd-elastic{arguments}" in above, above

@@ -54,6 +54,20 @@ def agent_services(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> 
                    client.check_not_hidden(config, client.get_json(config, path, timeout=timeout), timeout))
 
 
+def agent_service(config: ConsulConfig, service_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
+    """``GET /v1/agent/service/:id``: the instance ``service_id`` on this agent, None when it has none.
+
+    One attempt: the node agent's loop is the retry.
+    """
+    path = f"/v1/agent/service/{_segment(service_id)}"
+    try:
+        return _object(config, path, client.get_json(config, path, timeout=timeout, retry=False))
+    except ConsulError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def agent_checks(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     """``GET /v1/agent/checks``: {check ID: check} registered on this agent."""
     path = "/v1/agent/checks"

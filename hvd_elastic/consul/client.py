@@ -46,6 +46,11 @@ def _request(config: ConsulConfig, method: str, target: str, deadline: float,
                           "(a stray newline in CONSUL_HTTP_TOKEN?)") from None
 
 
+#: How Consul refuses a ``?filter=`` it cannot parse: a 400 on most endpoints, a 500 on ``/v1/health/service``
+#: (Consul 1.x), which is no outage: asking again gets the same answer.
+BAD_FILTER = "Failed to create boolean expression evaluator"
+
+
 def _error_text(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip().splitlines()
     return text[0][:200] if text else "(empty body)"
@@ -123,7 +128,8 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
             import ssl  # already loaded by ssl_context()
 
             if isinstance(exc, ssl.SSLError):  # certificate and handshake problems do not heal by waiting
-                raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}", retryable=False) from None
+                raise ConsulError(f"TLS with {where} failed: {exc.reason or exc}{_plain_http_hint(config, exc)}",
+                                  retryable=False) from None
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise ConsulError(f"cannot reach {where}: {reason}", retryable=True) from None
     if status == 403:
@@ -142,7 +148,8 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
             status=status,
         )
     if status >= 500:
-        raise ConsulError(f"{where} failed: {status} {_error_text(body)}", retryable=True, status=status)
+        text = _error_text(body)
+        raise ConsulError(f"{where} failed: {status} {text}", retryable=BAD_FILTER not in text, status=status)
     if status != 200:
         raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status)
     if not body.strip():
@@ -152,6 +159,18 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
     except ValueError:
         raise ConsulError(f"{where} returned a body that is not JSON: {_error_text(body)!r}", retryable=False,
                           status=status) from None
+
+
+# OpenSSL's words for a TLS handshake answered in plain text (an http:// port), across its versions.
+_PLAIN_TEXT_REASONS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")
+
+
+def _plain_http_hint(config: ConsulConfig, exc) -> str:
+    """What to do when an https request met a plain-http port (empty for any other TLS failure)."""
+    if str(exc.reason or "").upper() not in _PLAIN_TEXT_REASONS:
+        return ""
+    return (f": the agent at port {config.port} answers plain HTTP, not HTTPS: use http:// in "
+            f"{config.setting('addr')} (and unset CONSUL_HTTP_SSL), or the agent's HTTPS port")
 
 
 def anonymous_is_denied(config: ConsulConfig, timeout: float) -> bool:

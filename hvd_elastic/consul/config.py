@@ -28,6 +28,15 @@ if TYPE_CHECKING:
 
 DEFAULT_CONSUL_ADDR = "127.0.0.1:8500"
 
+#: Each setting's (flag, variable), for errors that name what actually set a bad value.
+SETTINGS = {
+    "addr": ("--http-addr", "CONSUL_HTTP_ADDR"),
+    "ca_file": ("--ca-file", "CONSUL_CACERT"),
+    "ca_path": (None, "CONSUL_CAPATH"),
+    "client_cert": ("--client-cert", "CONSUL_CLIENT_CERT"),
+    "client_key": ("--client-key", "CONSUL_CLIENT_KEY"),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class ConsulConfig:
@@ -45,6 +54,8 @@ class ConsulConfig:
     tls_server_name: str | None = None
     datacenter: str | None = None
     token_file: str | None = dataclasses.field(default=None, repr=False)  # absolute; where ``token`` came from
+    # The settings (keys of SETTINGS) given as flags; the others came from their variables.
+    from_flags: frozenset[str] = dataclasses.field(default=frozenset(), repr=False, compare=False)
 
     @property
     def address(self) -> str:
@@ -54,6 +65,11 @@ class ConsulConfig:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
+
+    def setting(self, key: str) -> str:
+        """The flag or variable that set ``key`` (a key of SETTINGS), for an error message."""
+        flag, variable = SETTINGS[key]
+        return flag if key in self.from_flags else variable
 
     def __repr__(self) -> str:  # never show the token
         shown = "set" if self.token else "none"
@@ -75,7 +91,7 @@ class ConsulConfig:
         """Build the configuration from ``CONSUL_HTTP_*`` variables and explicit overrides."""
         env = os.environ if environ is None else environ
         raw_addr = addr or env.get("CONSUL_HTTP_ADDR") or DEFAULT_CONSUL_ADDR
-        scheme, host, port = _parse_addr(raw_addr)
+        scheme, host, port = _parse_addr(raw_addr, "--http-addr" if addr else "CONSUL_HTTP_ADDR")
         if not addr or "://" not in raw_addr:
             if env_bool("CONSUL_HTTP_SSL", False, env):
                 scheme = "https"
@@ -95,9 +111,14 @@ class ConsulConfig:
             tls_server_name=env.get("CONSUL_TLS_SERVER_NAME") or None,
             datacenter=datacenter,
             token_file=source_file,
+            from_flags=frozenset(key for key, value in (("addr", addr), ("ca_file", ca_file),
+                                                        ("client_cert", client_cert), ("client_key", client_key))
+                                 if value),
         )
         if bool(cfg.client_cert) != bool(cfg.client_key):
-            raise ConfigError("CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY must be set together")
+            given, missing = ("client_cert", "client_key") if cfg.client_cert else ("client_key", "client_cert")
+            raise ConfigError(f"{cfg.setting(given)} is set without {cfg.setting(missing)}: a client certificate "
+                              "needs its key (set both, or neither)")
         return cfg
 
     def with_fresh_token(self) -> ConsulConfig:
@@ -121,45 +142,68 @@ class ConsulConfig:
             return None
         import ssl  # only here: plain-http discovery never pays for importing it
 
+        for key in ("ca_file", "client_cert", "client_key"):  # the commonest mistake, named precisely
+            _check_readable(self.setting(key), getattr(self, key))
         try:
             ctx = ssl.create_default_context(cafile=self.ca_file, capath=self.ca_path)
-            if self.client_cert:
-                ctx.load_cert_chain(self.client_cert, self.client_key)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            raise ConfigError("cannot load the TLS files (CONSUL_CACERT/--ca-file, CONSUL_CLIENT_CERT/KEY): "
-                              f"{exc}") from None
+            where = (f"{self.setting('ca_file')}={self.ca_file!r}" if self.ca_file
+                     else f"CONSUL_CAPATH={self.ca_path!r}")
+            raise ConfigError(f"{where} holds no usable CA certificate: {_tls_reason(exc)}") from None
+        if self.client_cert:
+            try:
+                ctx.load_cert_chain(self.client_cert, self.client_key)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{self.setting('client_cert')}={self.client_cert!r} and "
+                                  f"{self.setting('client_key')}={self.client_key!r} are no certificate and "
+                                  f"matching key in PEM: {_tls_reason(exc)}") from None
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
 
-def _parse_addr(raw: str) -> tuple[str, str, int]:
+def _check_readable(name: str, path: str | None) -> None:
+    """ConfigError naming ``name`` and ``path`` when ``path`` (if set) cannot be opened."""
+    if not path:
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _tls_reason(exc: Exception) -> str:
+    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+
+
+def _parse_addr(raw: str, name: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an agent address; ``name`` (the flag or variable that gave it) in errors."""
     text = raw.strip()
     scheme = "http"
+    expected = "(expected host:port or http[s]://host:port)"
     if "://" in text:
         parts = urlsplit(text)
         if parts.scheme not in ("http", "https"):
-            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: scheme {parts.scheme!r} is not supported "
-                              "(expected http or https)")
+            raise ConfigError(f"{name}={raw!r}: scheme {parts.scheme!r} is not supported (expected http or https)")
         scheme = parts.scheme
-        host, port = parts.hostname, parts.port
+        host = parts.hostname
+        # The port as written: urlsplit's .port raises a bare ValueError for 'abc' or 99999.
+        after_host = parts.netloc.rpartition("@")[2].rpartition("]")[2]
+        port_text = after_host.partition(":")[2]
     else:
         host, sep, port_text = text.rpartition(":")
         if not sep:
             host, port_text = text, ""
         host = host.strip("[]")
-        try:
-            port = int(port_text) if port_text else None
-        except ValueError:
-            raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port_text!r} is not a number "
-                              "(expected host:port)") from None
     if not host:
-        raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r} has no host (expected host:port or http[s]://host:port)")
-    if port is None:
-        port = 443 if scheme == "https" else 8500
+        raise ConfigError(f"{name}={raw!r} has no host {expected}")
+    if port_text and not port_text.isdigit():
+        raise ConfigError(f"{name}={raw!r}: port {port_text!r} is not a number {expected}")
+    port = int(port_text) if port_text else (443 if scheme == "https" else 8500)
     if not 0 < port < 65536:
-        raise ConfigError(f"CONSUL_HTTP_ADDR={raw!r}: port {port} is out of range (expected 1-65535)")
+        raise ConfigError(f"{name}={raw!r}: port {port} is out of range (expected 1-65535)")
     return scheme, host, port
 
 

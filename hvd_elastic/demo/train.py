@@ -36,7 +36,7 @@ import horovod.torch as hvd
 
 import hvd_elastic
 from hvd_elastic import BatchPolicy, ExactlyOnceSampler, TrainingState
-from hvd_elastic.options import non_negative_float, positive_int
+from hvd_elastic.options import non_negative_seconds, positive_int
 from hvd_elastic.report.evidence import Evidence, write_atomic, write_final
 
 from .digits import GLOBAL_BATCH, RESULT, load_split, steps_per_epoch
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="run directory (shared by every rank)")
     parser.add_argument("--epochs", type=positive_int, default=3, help="epochs over the training split")
     parser.add_argument("--lr", type=float, default=0.05, help="peak learning rate (SGD with momentum)")
-    parser.add_argument("--step-delay", type=non_negative_float, default=0.0,
+    parser.add_argument("--step-delay", type=non_negative_seconds, default=0.0,
                         help="seconds each step sleeps until RUN_DIR/fast exists")
     parser.add_argument("--checkpoint-every", type=positive_int, default=10, help="commits between checkpoints")
     return parser.parse_args(argv)

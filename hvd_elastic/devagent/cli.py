@@ -6,10 +6,10 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 
 from hvd_elastic.consul.config import read_token_file
+from hvd_elastic.options import command_name, fail, non_negative_seconds, positive_seconds, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
     parser.add_argument("--ready-file", default=None,
                         help='write {"<node>": "<host:port>", ...} here once every node answers')
-    parser.add_argument("--reap-interval", type=float, default=30.0,
-                        help="seconds between DeregisterCriticalServiceAfter reaper runs (Consul: 30)")
-    parser.add_argument("--deregister-critical-min", type=float, default=60.0,
-                        help="floor of DeregisterCriticalServiceAfter in seconds (Consul: 60)")
-    parser.add_argument("--session-ttl-min", type=float, default=10.0,
-                        help="shortest session TTL accepted, in seconds (Consul: 10)")
+    parser.add_argument("--reap-interval", type=positive_seconds, default=30.0,
+                        help="time between DeregisterCriticalServiceAfter reaper runs (Consul: 30s)")
+    parser.add_argument("--deregister-critical-min", type=non_negative_seconds, default=60.0,
+                        help="floor of DeregisterCriticalServiceAfter (Consul: 1m)")
+    parser.add_argument("--session-ttl-min", type=positive_seconds, default=10.0,
+                        help="shortest session TTL accepted (Consul: 10s)")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -107,8 +107,6 @@ def write_ready_file(path: str, addresses: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hvd_elastic.options import stop_on_signals
-
     from .cluster import DevCluster
 
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
@@ -125,19 +123,16 @@ def run(args: argparse.Namespace) -> int:
             restricted_service_prefixes=args.acl_restricted_service_prefix,
         )
     except ValueError as exc:
-        print(f"hvd-elastic consul-dev: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(command_name(args), exc, 2)
     except OSError as exc:  # certificate or key unreadable
-        print(f"hvd-elastic consul-dev: error: cannot load TLS certificate/key: {exc}", file=sys.stderr)
-        return 1
+        return fail(command_name(args), f"cannot load TLS certificate/key: {exc}", 1)
 
     with stop_on_signals(log, "stopping") as stop:
         try:
             try:
                 cluster.start()
             except OSError as exc:
-                print(f"hvd-elastic consul-dev: error: cannot listen on {args.bind}: {exc}", file=sys.stderr)
-                return 1
+                return fail(command_name(args), f"cannot listen on {args.bind}: {exc}", 1)
             addresses = cluster.addresses()
             if args.ready_file:
                 write_ready_file(args.ready_file, addresses)

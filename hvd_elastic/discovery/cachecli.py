@@ -23,7 +23,16 @@ from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import cache, cachekey, jobdir
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.settings import FAILURES, explain_failure, health_query, options_from_args
-from hvd_elastic.options import ConfigError, argument_type, consul_config, env, positive_float
+from hvd_elastic.options import (
+    ConfigError,
+    argument_type,
+    command_name,
+    consul_config,
+    env,
+    fail,
+    positive_seconds,
+    setting,
+)
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's direct path imports this module
 if TYPE_CHECKING:
@@ -50,14 +59,14 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
                                 "HVD_ELASTIC_DISCOVERY_CACHE_FILE)"),
         group.add_argument("--watch", action="store_true",
                            help="keep --cache-file fresh with one blocking query until stopped (SIGTERM)"),
-        group.add_argument("--watch-wait", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"),
+        group.add_argument("--watch-wait", type=positive_seconds, default=env("HVD_ELASTIC_DISCOVERY_WATCH_WAIT", "60"),
                            metavar="SECONDS",
                            help="the blocking query's ?wait= (env HVD_ELASTIC_DISCOVERY_WATCH_WAIT; default "
                                 "%(default)s)"),
         group.add_argument("--metrics-addr", metavar="[HOST]:PORT", default=env("HVD_ELASTIC_DISCOVERY_METRICS_ADDR"),
                            help="with --watch: serve the watcher's Prometheus metrics at http://HOST:PORT/metrics (a "
                                 "bare port binds 127.0.0.1; env HVD_ELASTIC_DISCOVERY_METRICS_ADDR; default off)"),
-        group.add_argument("--cache-max-age", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"),
+        group.add_argument("--cache-max-age", type=positive_seconds, default=env("HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE"),
                            metavar="SECONDS",
                            help="freshness bound: a cache whose last Consul answer is older is not used (env "
                                 "HVD_ELASTIC_DISCOVERY_CACHE_MAX_AGE; default the wait plus its 1/16 jitter plus 5 s)"),
@@ -134,7 +143,7 @@ def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: host
     try:
         rec = cache.load(args.cache_file, settings, (os.getuid(), 0))
     except cache.CacheInvalid as exc:
-        print(f"discover: ignoring the host cache {args.cache_file}: {exc}", file=sys.stderr)
+        print(f"{command_name(args)}: warning: ignoring the host cache {args.cache_file}: {exc}", file=sys.stderr)
         return None
     if rec is None or cache.untrusted_reason(rec) is not None:
         return None
@@ -167,7 +176,7 @@ def start_job_watcher(args: argparse.Namespace, config: ConsulConfig, command: l
     try:
         watch.ensure_running(where[0], where[1], job, argv, config, command)
     except OSError as exc:  # the direct answer stands; the next call tries again
-        print(f"discover: cannot start the host cache watcher: {exc}", file=sys.stderr)
+        print(f"{command_name(args)}: warning: cannot start the host cache watcher: {exc}", file=sys.stderr)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -176,19 +185,19 @@ def run_watch(args: argparse.Namespace) -> int:
 
     from hvd_elastic.discovery import watch
 
+    prog = command_name(args)
     if not args.cache_file:
-        print("discover: --watch needs --cache-file PATH (the file to keep fresh)", file=sys.stderr)
-        return 2
+        return fail(prog, "--watch needs --cache-file PATH (the file to keep fresh)", 2)
     directory = os.path.dirname(os.path.abspath(args.cache_file))
     if not os.path.isdir(directory):
-        print(f"discover: --cache-file {args.cache_file!r}: directory {directory!r} does not exist", file=sys.stderr)
-        return 2
+        return fail(prog, f"{setting(args, 'cache_file', '--cache-file')}={args.cache_file!r}: directory "
+                          f"{directory!r} does not exist", 2)
     try:
         config = consul_config(args)
         options = options_from_args(args)
         reap_grace = _reap_grace() if args.job else None
     except ConfigError as exc:
-        return explain_failure("discover", args.service, exc)
+        return explain_failure(args, exc)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             stream=sys.stderr)
@@ -196,8 +205,33 @@ def run_watch(args: argparse.Namespace) -> int:
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
     fetch = watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
+    fetch = _say_why_unanswered(fetch, logging.getLogger("hvd_elastic.discovery.watch"))
     return watch.run(args.cache_file, key, fetch, FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)
+
+
+def _say_why_unanswered(fetch, log):
+    """``fetch``, logging each new failure until Consul first answers.
+
+    The watcher's publisher reports a failure only after an answer (a change
+    from answering to failing); a watcher started while Consul is unreachable
+    would otherwise say nothing at all about why its cache stays empty.
+    """
+    answered, said = False, None
+
+    def logged(index: int):
+        nonlocal answered, said
+        try:
+            result = fetch(index)
+        except FAILURES as exc:
+            if not answered and str(exc) != said:
+                log.warning("no answer from Consul yet: %s; retrying", exc)
+                said = str(exc)
+            raise
+        answered = True
+        return result
+
+    return logged
 
 
 def _reap_grace() -> float | None:

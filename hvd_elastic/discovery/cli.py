@@ -6,12 +6,14 @@ Prints one ``host:slots`` line per healthy node of the training service, from
 
 Exit status and output (what horovodrun relies on):
 
-* 0: stdout holds the complete host list (possibly empty) and nothing else.
+* 0: stdout holds the complete host list (possibly empty) and nothing else;
+  an empty list because the service or a tag asked for exists nowhere in
+  Consul gets one ``warning:`` line on stderr naming what exists.
 * 1: Consul was unreachable, refused access, failed or answered garbage; one
   line on stderr says why and stdout stays EMPTY (never a partial list).
   horovodrun then keeps its previous host set (or, on the first call of a job,
   stops the job).
-* 2: bad flags or environment.
+* 2: bad flags or environment, or a ``--filter`` Consul refuses.
 
 Invalid entries (a host name that is no RFC 1123 name or IPv4 address, a slot
 count that is no positive integer or exceeds ``--max-slots-per-host``) are
@@ -51,11 +53,12 @@ from hvd_elastic.options import (
     add_service_argument,
     argument_type,
     boolean,
+    command_name,
     consul_config,
     env,
-    non_negative_float,
+    non_negative_seconds,
     one_line_errors,
-    positive_float,
+    positive_seconds,
     positive_int,
 )
 
@@ -93,9 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
                              "the node address (env HVD_ELASTIC_HOST_NAME; default %(default)s)")
     parser.add_argument("--exclude", action="append", default=None, metavar="HOST",
                         help="never print this host; repeat for several (env HVD_ELASTIC_EXCLUDE, comma-separated)")
-    parser.add_argument("--timeout", type=positive_float, default=env("HVD_ELASTIC_DISCOVERY_TIMEOUT", "0.8"),
+    parser.add_argument("--timeout", type=positive_seconds, default=env("HVD_ELASTIC_DISCOVERY_TIMEOUT", "0.8"),
                         help="total seconds one call may take (env HVD_ELASTIC_DISCOVERY_TIMEOUT; default %(default)s)")
-    parser.add_argument("--first-call-retry", type=non_negative_float,
+    parser.add_argument("--first-call-retry", type=non_negative_seconds,
                         default=env("HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY", "10"), metavar="SECONDS",
                         help="how long a job's first call keeps retrying an unreachable or leaderless Consul; 0 "
                              "disables (env HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY; default %(default)s)")
@@ -103,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
                         help="let any Consul server answer (?stale), spreading the load off the leader; a follower's "
                              "answer may lack the newest changes for a moment, and answers staler than --max-stale "
                              "fail (env HVD_ELASTIC_STALE; default %(default)s)")
-    parser.add_argument("--max-stale", type=positive_float, default=env("HVD_ELASTIC_MAX_STALE", "5"),
+    parser.add_argument("--max-stale", type=positive_seconds, default=env("HVD_ELASTIC_MAX_STALE", "5"),
                         metavar="SECONDS",
                         help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; "
                              "default %(default)s)")
@@ -141,6 +144,15 @@ def warn_dropped(decisions: list[hostlib.Decision]) -> None:
             log.warning("%s", line)
 
 
+def warn_if_nothing_matches(args: argparse.Namespace, config: ConsulConfig, query: HealthQuery) -> None:
+    """One stderr line when the service or a tag asked for exists nowhere in Consul (the output stays empty)."""
+    from hvd_elastic.discovery.query import why_empty
+
+    why = why_empty(config, query, args.timeout)
+    if why is not None:
+        print(f"{command_name(args)}: warning: {why}; no host to print", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Discovery once its flags are parsed; the command's top found no fresh job cache (:func:`.fast.answer`)."""
     if args.watch:
@@ -150,20 +162,23 @@ def run(args: argparse.Namespace) -> int:
         config = consul_config(args)
         options = options_from_args(args)
     except ConfigError as exc:
-        return explain_failure("discover", args.service, exc)
+        return explain_failure(args, exc)
     if args.cache != "off" and args.cache_file:
         rec = cachecli.operator_cache(args, config, options)
         if rec is not None:
             return fast.emit(rec)
+    query = health_query(args, options)
     try:
-        found, decisions = discover(config, health_query(args, options), options, timeout=args.timeout,
+        found, decisions = discover(config, query, options, timeout=args.timeout,
                                     first_call_retry=args.first_call_retry)
     except FAILURES as exc:
-        code = explain_failure("discover", args.service, exc)
+        code = explain_failure(args, exc)
         if code == 1:
             cachecli.start_job_watcher(args, config, watcher_command())
         return code
     warn_dropped(decisions)
+    if not decisions:
+        warn_if_nothing_matches(args, config, query)
     if args.cache != "off" and args.cache_file:
         cachekey.count_answer(args.cache_file, "direct")  # the operator's cache could not answer this call
     # One write of the complete list: a reader never sees a partial one.
@@ -213,6 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=_HelpFormatter,
     )
     add_arguments(parser)
-    parser.set_defaults(raw_argv=argv)
+    parser.set_defaults(raw_argv=argv, _prog=parser.prog)
     args = parser.parse_args(argv)
     return run(args)

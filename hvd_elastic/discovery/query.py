@@ -12,12 +12,15 @@ import dataclasses
 from urllib.parse import quote
 
 from hvd_elastic.consul import client
-from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.consul.config import ConfigError, ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from typing import Any
+
+
+_FLAGS = {"service": "--service", "tags": "--tag", "filter": "--filter"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,12 @@ class HealthQuery:
     filter: str | None = None
     stale: bool = False
     max_stale: float = 5.0
+    # What set service, tags and filter (a flag or its variable), named when Consul refuses or finds nothing.
+    settings: dict = dataclasses.field(default_factory=lambda: dict(_FLAGS), compare=False, repr=False)
+
+    def setting(self, key: str) -> str:
+        """The flag or variable that set ``key`` (service, tags or filter)."""
+        return self.settings.get(key, _FLAGS[key])
 
     @property
     def path(self) -> str:
@@ -62,8 +71,14 @@ def read_health(
     params = query.params(passing=passing)
     if index > 0:
         params += [("index", str(index)), ("wait", f"{wait:g}s")]
-    entries, headers = client.request(config, query.path, params, timeout=timeout, retry_window=retry_window,
-                                      retry=retry)
+    try:
+        entries, headers = client.request(config, query.path, params, timeout=timeout, retry_window=retry_window,
+                                          retry=retry)
+    except ConsulError as exc:
+        if query.filter and (exc.status == 400 or client.BAD_FILTER in str(exc)):  # bad input, not an outage
+            raise ConfigError(f"{query.setting('filter')}={query.filter!r} is not a filter expression Consul "
+                              f"accepts ({exc})") from None
+        raise
     if query.stale:
         contact = headers.get("x-consul-lastcontact", "")
         if not contact.isdigit():
@@ -73,3 +88,31 @@ def read_health(
             raise ConsulError(f"Consul at {config.base_url} answered from a server {int(contact) / 1000:g} s "
                               f"behind its leader (--max-stale {query.max_stale:g})", retryable=True)
     return client.check_not_hidden(config, entries, timeout), headers
+
+
+def why_empty(config: ConsulConfig, query: HealthQuery, timeout: float) -> str | None:
+    """Why ``query`` matched no instance at all, when its service or a tag exists nowhere; else None.
+
+    One ``GET /v1/catalog/services`` (every service and the tags of its
+    instances), asked only after an empty answer: a typo in ``--service`` or
+    ``--tag`` otherwise looks like a cluster that has no node up yet.  None
+    too when that listing fails or is hidden by ACLs: an empty answer is
+    still a correct answer.
+    """
+    try:
+        services = client.get_json(config, "/v1/catalog/services", timeout=timeout, retry=False)
+    except (ConsulError, ConfigError):
+        return None
+    if not isinstance(services, dict):
+        return None
+    asked = f"{query.setting('service')}={query.service!r}"
+    if query.service not in services:
+        known = ", ".join(sorted(services)[:20]) + (", ..." if len(services) > 20 else "") or "none"
+        return f"{asked} is not registered in Consul at {config.base_url} (services there: {known})"
+    tags = services[query.service] or []
+    missing = [tag for tag in query.tags if tag not in tags]
+    if missing:
+        carried = ", ".join(sorted(tags)) or "none"
+        return (f"no instance of {asked} carries {query.setting('tags')} {', '.join(map(repr, missing))} "
+                f"(its tags: {carried})")
+    return None

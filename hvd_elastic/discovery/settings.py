@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.options import ConfigError, env_list
+from hvd_elastic.options import ConfigError, command_name, env_list, setting
 from hvd_elastic.options import explain_failure as _explain
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on discovery's direct path
@@ -39,14 +39,21 @@ def health_query(args: argparse.Namespace, options: hostlib.Options) -> HealthQu
     from hvd_elastic.discovery.query import HealthQuery  # socket, json: not on the cached path
 
     return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale,
-                       max_stale=args.max_stale)
+                       max_stale=args.max_stale, settings=asked_settings(args))
+
+
+def asked_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The flag or variable that set the service, the tags and the filter, for messages about them."""
+    return {"service": setting(args, "service", "--service"),
+            "tags": "--tag" if args.tags is not None else "HVD_ELASTIC_TAGS",
+            "filter": setting(args, "filter", "--filter")}
 
 
 FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
 
 
-def explain_failure(command: str, service: str, exc: Exception) -> int:
+def explain_failure(args: argparse.Namespace, exc: Exception) -> int:
     """Print one stderr line for a failure in FAILURES and return the exit code."""
     if isinstance(exc, hostlib.MalformedResponse):
-        exc = hostlib.MalformedResponse(f"Consul's answer for service {service!r} is malformed: {exc}")
-    return _explain(command, exc)
+        exc = hostlib.MalformedResponse(f"Consul's answer for service {args.service!r} is malformed: {exc}")
+    return _explain(command_name(args), exc)

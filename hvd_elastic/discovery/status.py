@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
         entries = read_health(config, settings.health_query(args, options), passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
     except settings.FAILURES as exc:
-        return settings.explain_failure("status", args.service, exc)
+        return settings.explain_failure(args, exc)
     print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
+    if not decisions:
+        discovery_cli.warn_if_nothing_matches(args, config, settings.health_query(args, options))
     sys.stdout.write(render(decisions))
     return 0

@@ -7,7 +7,9 @@ allocation (:mod:`.slurm`), else the GPUs ``nvidia-smi`` shows (limited by
 CUDA_VISIBLE_DEVICES), else ``--cpu-slots``.  On SIGTERM/SIGINT it drains the
 node and waits up to ``--leave-timeout`` for the job to leave, then
 deregisters and exits 0; 2 on bad input.  Consul being unreachable is not
-fatal (it is retried and logged).
+fatal (it is retried and logged); what waiting cannot heal is (exit 1, one
+line): Consul refusing the first registration (400, 403), or the service ID
+kept by another live node agent of this host.
 """
 
 from __future__ import annotations
@@ -17,19 +19,23 @@ import logging
 import os
 import re
 import socket
-import sys
 
 from hvd_elastic import __version__
-from hvd_elastic.consul.gotypes import MINUTE, format_duration, parse_duration
+from hvd_elastic.consul.gotypes import MINUTE, SECOND, format_duration
+from hvd_elastic.envvars import DURATION, parse_seconds
 from hvd_elastic.options import (
     add_consul_arguments,
     add_service_argument,
+    argument_type,
+    command_name,
     consul_config,
     env,
     env_list,
-    non_negative_float,
-    positive_float,
+    fail,
+    non_negative_seconds,
     positive_int,
+    positive_seconds,
+    setting,
     standby_name,
     stop_on_signals,
 )
@@ -51,14 +57,21 @@ def byte_size(text: str) -> int:
 
 
 def deregister_after(text: str) -> str:
-    """A Go duration of at least a minute (Consul's floor for DeregisterCriticalServiceAfter), as Consul prints it."""
+    """A duration of at least a minute (Consul's floor for DeregisterCriticalServiceAfter), as Consul prints it."""
     try:
-        ns = parse_duration(text)
-    except ValueError:
+        ns = round(parse_seconds(text) * SECOND)
+    except (ValueError, OverflowError):
         ns = None
     if ns is None or ns < MINUTE:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration of at least 1m (expected e.g. 90s, 10m, 1h)")
     return format_duration(ns)
+
+
+#: The shortest TTL: a node agent's Consul calls may take up to a second, and an update must land within it.
+MIN_TTL_S = 1.0
+ttl_seconds = argument_type(parse_seconds, lambda v: MIN_TTL_S <= v < float("inf"),
+                            f"a duration of at least {MIN_TTL_S:g}s ({DURATION})")
+port_number = argument_type(int, lambda v: 0 < v < 65536, "a port number (1-65535)")
 
 
 def meta_item(text: str) -> tuple[str, str]:
@@ -76,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "service name, <service>-slurm-<SLURM_JOB_ID> in a Slurm job)")
     parser.add_argument("--address", default=env("HVD_ELASTIC_ADDRESS"),
                         help="service address (env HVD_ELASTIC_ADDRESS; default empty: Consul uses the node's address)")
-    parser.add_argument("--port", type=positive_int, default=None, help="service port to advertise (optional)")
+    parser.add_argument("--port", type=port_number, default=None, help="service port to advertise (optional)")
     parser.add_argument("--tag", action="append", dest="tags", default=None,
                         help="service tag; repeat for several (env HVD_ELASTIC_TAGS, comma-separated)")
     parser.add_argument("--meta", action="append", type=meta_item, default=[], metavar="KEY=VALUE",
@@ -86,11 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else the GPUs detected, else --cpu-slots)")
     parser.add_argument("--cpu-slots", type=positive_int, default=env("HVD_ELASTIC_CPU_SLOTS", "1"),
                         help="slots of a node without GPUs (env HVD_ELASTIC_CPU_SLOTS; default %(default)s)")
-    parser.add_argument("--ttl", type=positive_float, default=env("HVD_ELASTIC_TTL", "15"),
-                        help="TTL of the health check in seconds: a node silent this long turns critical (env "
-                             "HVD_ELASTIC_TTL; default %(default)s)")
-    parser.add_argument("--interval", type=positive_float, default=None,
-                        help="seconds between probes and TTL updates (default a third of --ttl)")
+    parser.add_argument("--ttl", type=ttl_seconds, default=env("HVD_ELASTIC_TTL", "15s"),
+                        help="TTL of the health check (seconds, or e.g. 15s, 1m): a node silent this long turns "
+                             "critical; at least 1s (env HVD_ELASTIC_TTL; default %(default)s)")
+    parser.add_argument("--interval", type=positive_seconds, default=None,
+                        help="time between probes and TTL updates, at most half of --ttl (default a third of --ttl)")
     parser.add_argument("--deregister-after", type=deregister_after, default=env("HVD_ELASTIC_DEREGISTER_AFTER", "10m"),
                         help="Consul removes the service after it stayed critical this long (min 1m; default "
                              "%(default)s)")
@@ -105,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-path", default=env("HVD_ELASTIC_CHECKPOINT_DIR", "."),
                         help="where checkpoints are written; the disk probe watches it (env "
                              "HVD_ELASTIC_CHECKPOINT_DIR; default the working directory)")
-    parser.add_argument("--leave-timeout", type=non_negative_float, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"),
+    parser.add_argument("--leave-timeout", type=non_negative_seconds, default=env("HVD_ELASTIC_LEAVE_TIMEOUT", "0"),
                         metavar="SECONDS",
                         help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it "
                              "before deregistering (env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at "
@@ -113,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby", type=standby_name, default=env("HVD_ELASTIC_STANDBY"), metavar="NAME",
                         help="announce this node only once the job's warm standby NAME answers (hvd-elastic standby; "
                              "env HVD_ELASTIC_STANDBY; default: announce at once)")
-    parser.add_argument("--standby-wait", type=non_negative_float, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
+    parser.add_argument("--standby-wait", type=non_negative_seconds, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
                         metavar="SECONDS", help="the longest a node waits for its standby before joining without one "
                                                 "(env HVD_ELASTIC_STANDBY_WAIT; default %(default)s)")
     parser.add_argument("--metrics-addr", type=metrics_addr, default=env(METRICS_ENV), metavar="[HOST]:PORT",
@@ -137,7 +150,7 @@ def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None
     """The configured NodeAgent; raises ConfigError or ValueError on bad input."""
     import psutil
 
-    from hvd_elastic.nodeagent.loop import NodeAgent, Registration
+    from hvd_elastic.nodeagent.loop import KEEPER_META, NodeAgent, Registration, this_process
     from hvd_elastic.nodeagent.probes import ProbeSettings, load_probe, query_gpus
 
     from hvd_elastic.nodeagent import slurm, standby  # noqa: F401 -- registers their probes
@@ -159,10 +172,11 @@ def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None
         meta.update(gpu_model=gpus.model[:512], gpu_memory_mib=str(gpus.memory_mib))
     if job:
         meta.update(slurm_job_id=job.job_id, slurm_node=job.node_name)
-    for reserved, flag in (("slots", "--slots"), ("metrics_port", "--metrics-addr")):
+    for reserved, flag in (("slots", "--slots"), ("metrics_port", "--metrics-addr"), (KEEPER_META, None)):
         if reserved in dict(args.meta):
-            raise ValueError(f"--meta {reserved}=... is not allowed: use {flag}")
+            raise ValueError(f"--meta {reserved}=... is not allowed: " + (f"use {flag}" if flag else "the agent's own"))
     meta.update(dict(args.meta))
+    meta[KEEPER_META] = this_process()
     if metrics_port is not None:
         meta["metrics_port"] = str(metrics_port)  # for Prometheus's consul_sd_configs (README)
     settings = ProbeSettings(
@@ -189,8 +203,20 @@ def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None
         port=args.port,
         tags=tuple(args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")),
     )
-    return NodeAgent(config, registration, probes, interval=args.interval or args.ttl / 3,
+    return NodeAgent(config, registration, probes, interval=interval(args),
                      leave_timeout=args.leave_timeout, metrics=metrics, watch_maintenance=metrics_port is not None)
+
+
+def interval(args: argparse.Namespace) -> float:
+    """Time between TTL updates: ``--interval``, at most half the TTL, so that one late update leaves the check
+    passing (an interval beyond the TTL makes the node flap); default a third."""
+    if args.interval is None:
+        return args.ttl / 3
+    if args.interval > args.ttl / 2:
+        raise ValueError(f"--interval {args.interval:g}s is more than half of {setting(args, 'ttl', '--ttl')} "
+                         f"{args.ttl:g}s: the check would expire between updates, or at the first late one (use "
+                         f"--interval {args.ttl / 2:g}s or less, or a longer TTL)")
+    return args.interval
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,16 +229,19 @@ def run(args: argparse.Namespace) -> int:
         exporter = Exporter(metrics.registry, "node agent")
         if exporter.start(args.metrics_addr, "--metrics-addr"):  # else one line, and the agent runs on
             port = exporter.address[1]
+    from hvd_elastic.nodeagent.loop import Refused
+
     try:
         agent = build_agent(args, metrics=metrics, metrics_port=port)
     except ValueError as exc:  # ConfigError included: bad flags, environment or TLS files
-        print(f"node-agent: {exc}", file=sys.stderr)
-        return 2
+        return fail(command_name(args), exc, 2)
     action = ("draining, waiting for the job to leave, deregistering" if args.leave_timeout
               else "deregistering and exiting")
     try:
         with stop_on_signals(log, action) as stop:
             agent.run(stop)
+    except Refused as exc:
+        return fail(command_name(args), exc, 1)
     finally:
         if exporter is not None:
             exporter.stop()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
-import sys
 import time
 
 from hvd_elastic.consul import api
@@ -36,10 +35,12 @@ from hvd_elastic.options import (
     CONSUL_FAILURES,
     add_consul_arguments,
     add_service_argument,
+    command_name,
     consul_config,
     env,
     explain_failure,
-    non_negative_float,
+    fail,
+    non_negative_seconds,
 )
 
 #: Exit code of ``drain --wait`` when workers still ran at its end.
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     if not parser.prog.endswith("undrain"):
         parser.add_argument("--reason",
                             help="why, shown by `hvd-elastic status` and Consul (default: who drained it and when)")
-        parser.add_argument("--wait", type=non_negative_float, default=0.0, metavar="SECONDS",
+        parser.add_argument("--wait", type=non_negative_seconds, default=0.0, metavar="SECONDS",
                             help="then wait up to SECONDS until no Horovod worker runs on this node "
                                  "(exit 3 if some still do; default 0: do not wait)")
     add_consul_arguments(parser)
@@ -94,12 +95,11 @@ def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, 
 
 def run(args: argparse.Namespace) -> int:
     enable = args.command == "drain"
-    verb = "drain" if enable else "undrain"
     reason = (getattr(args, "reason", None) or _default_reason()) if enable else None
     try:
         targets = set_maintenance(consul_config(args), args.service, args.service_id, enable, reason)
     except CONSUL_FAILURES + (NotRegistered,) as exc:
-        return explain_failure(verb, exc)
+        return explain_failure(command_name(args), exc)
     state = f"in maintenance ({reason})" if enable else "out of maintenance"
     for sid in targets:
         print(f"{sid}: {state}")
@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
             f"waiting up to {args.wait:g}s for {len(pids)} Horovod worker(s) to leave: "
             f"pids {' '.join(map(str, pids))}", flush=True))
         if remaining:
-            print(f"drain: {len(remaining)} Horovod worker(s) still running after {args.wait:g}s: pids "
-                  f"{' '.join(map(str, remaining))}", file=sys.stderr)
-            return STILL_RUNNING
+            return fail(command_name(args), f"{len(remaining)} Horovod worker(s) still running after {args.wait:g}s: "
+                                            f"pids {' '.join(map(str, remaining))}", STILL_RUNNING)
         print("the job has left this node")
     return 0

@@ -24,6 +24,12 @@ Contract:
   service is drained (one ``GET /v1/agent/checks`` of the local agent).
 * A token from a file is read again every tick, so a token rotated in place
   (Vault Agent and the like) takes effect without a restart.
+* Errors that waiting cannot heal end it (:class:`Refused`): Consul refusing
+  the first registration (400 a bad definition; 403 a token without the
+  rights, unless it comes from a file, which may be rotated in place), or the
+  service ID kept already by another live node agent of this host
+  (``Meta.node_agent``: its pid and start time): taking it over would change
+  that agent's slots and deregister it when this one stops.
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
   and SIGINT).  Maintenance mode (``hvd-elastic drain``) is a separate check the
   agent never touches while it runs, so a drained node stays drained.
@@ -39,9 +45,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
+
+import psutil
 
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConfigError, ConsulConfig
@@ -96,6 +105,31 @@ class Registration:
 #: Seconds between looks for an unreachable Consul agent (see the module docstring).
 OUTAGE_POLL_S = 0.1
 
+#: Meta key naming the process that keeps an instance registered: ``PID-START`` (its start time, as psutil
+#: reads it: a pid reused by another process does not match).
+KEEPER_META = "node_agent"
+
+
+class Refused(Exception):
+    """The agent cannot register with these settings, and waiting will not change that."""
+
+
+def process_id(pid: int) -> str:
+    """``PID-START`` of process ``pid``, what its node agent writes in ``Meta.node_agent``."""
+    return f"{pid}-{psutil.Process(pid).create_time():.2f}"
+
+
+def this_process() -> str:
+    return process_id(os.getpid())
+
+
+def _keeper_alive(keeper: str) -> bool:
+    pid = keeper.partition("-")[0]
+    try:
+        return pid.isdigit() and process_id(int(pid)) == keeper and psutil.Process(int(pid)).status() != "zombie"
+    except psutil.Error:  # gone, or not ours to look at
+        return False
+
 
 class NodeAgent:
     """Registers one service instance and reports probe results through its TTL check."""
@@ -109,6 +143,7 @@ class NodeAgent:
         self.interval = interval
         self.timeout = max(1.0, min(api.DEFAULT_TIMEOUT_S, interval))  # a call never outlasts a tick
         self.registered = False
+        self._claimed = False  # registered once: the service ID is this agent's
         self._last_status: str | None = None
         self._consul_ok: bool | None = None
         self.metrics = metrics or NodeAgentMetrics()
@@ -118,12 +153,40 @@ class NodeAgent:
 
     def register(self, result: ProbeResult) -> None:
         reg = self.registration
-        api.register_service(self.config, reg.service_definition(result.status), self.timeout)
+        try:
+            if not self._claimed:
+                self._claim()
+            api.register_service(self.config, reg.service_definition(result.status), self.timeout)
+        except ConsulError as exc:
+            if not self._claimed and self._never_heals(exc):
+                raise Refused(f"{exc}; not retrying: Consul refused the first registration, and waiting "
+                              "does not change its answer") from None
+            raise
+        self._claimed = True
         self.registered = True
         self.metrics.registered.set(1)
         self.metrics.registrations.inc()
         log.info("registered service %r (id %r, slots %s) in %s", reg.service, reg.service_id, reg.meta.get("slots"),
                  self.config.base_url)
+
+    def _never_heals(self, exc: ConsulError) -> bool:
+        """Whether Consul's refusal stands whatever the agent waits for: a 4xx, but a 403 only when the token
+        is fixed (a token file may be rotated in place, by Vault Agent and the like, to one with the rights)."""
+        if exc.status == 403:
+            return not self.config.token_file
+        return exc.status is not None and 400 <= exc.status < 500
+
+    def _claim(self) -> None:
+        """Refuse a service ID another live node agent of this host keeps (see the module docstring)."""
+        reg = self.registration
+        existing = api.agent_service(self.config, reg.service_id, self.timeout) or {}
+        meta = existing.get("Meta") or {}
+        keeper = meta.get(KEEPER_META, "")
+        if (keeper and keeper != reg.meta.get(KEEPER_META) and meta.get("host") == reg.meta.get("host")
+                and _keeper_alive(keeper)):
+            raise Refused(f"service ID {reg.service_id!r} is kept by the node agent pid {keeper.split('-')[0]} "
+                          f"of this host (Consul at {self.config.base_url}): give this one another --service-id, "
+                          "or stop that one first")
 
     def report(self, result: ProbeResult) -> bool:
         """Send one TTL update; False when Consul does not know the check any more."""
@@ -173,7 +236,8 @@ class NodeAgent:
     # -- the loop -----------------------------------------------------------
 
     def tick(self) -> ProbeResult:
-        """Probe once and bring Consul up to date; never raises for Consul errors."""
+        """Probe once and bring Consul up to date; Consul errors are retried at the next tick, except
+        :class:`Refused`, raised for those that never heal."""
         result = run_probes(self.probes, observe=self.metrics.on_probe)
         self._note_health(result)
         try:
@@ -239,4 +303,4 @@ class NodeAgent:
             self._consul_ok = ok
 
 
-__all__ = ["CRITICAL", "NodeAgent", "Registration"]
+__all__ = ["CRITICAL", "KEEPER_META", "NodeAgent", "Refused", "Registration", "process_id", "this_process"]

@@ -4,7 +4,8 @@ Works on any run of ``@hvd_elastic.run`` (see :mod:`hvd_elastic.report` for the
 files it reads), finished or still being written.  Exit status: 0 when the
 report was printed (skipped lines are warned about on stderr, one line each,
 naming the file and line), 2 when the run directory or its event log is
-missing, 1 when the picture could not be written.
+missing, 1 when the picture could not be drawn or written (one line each;
+without matplotlib, say so and how to get it).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import sys
 from pathlib import Path
+
+from hvd_elastic.options import command_name, fail
 
 from .runlog import RunDirError, RunLog, read_run
 from .timeline import Timeline, build, format_table
@@ -45,19 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    prog = command_name(args)
     try:
         report = make_report(args.run_dir)
     except RunDirError as exc:
-        print(f"hvd-elastic report: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, exc, 2)
     print(report.text)
     if args.no_png:
         return 0
     try:
         png = draw_png(report, args.png)
+    except ImportError as exc:  # matplotlib is the demo extra's, not a requirement of the package
+        return fail(prog, f"drawing the picture needs matplotlib ({exc.name or exc} is not importable): "
+                          "pip install 'hvd-elastic[demo]', or pass --no-png for the table alone", 1)
     except OSError as exc:
-        print(f"hvd-elastic report: cannot write the picture {args.png or ''}: {exc}", file=sys.stderr)
-        return 1
+        return fail(prog, f"cannot write the picture {args.png or ''}: {exc}", 1)
     print(f"picture: {png}")
     return 0
 

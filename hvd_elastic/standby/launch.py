@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 
+from hvd_elastic.envvars import DURATION, parse_seconds
 from hvd_elastic.standby import protocol
 
 TIMEOUT_ENV = "HVD_ELASTIC_STANDBY_TIMEOUT"
@@ -208,12 +209,11 @@ def _relay(sock: socket.socket, signals: _Signals, name: str) -> int:
 def _timeout() -> float:
     text = os.environ.get(TIMEOUT_ENV, "")
     try:
-        value = float(text) if text else DEFAULT_TIMEOUT
+        value = parse_seconds(text) if text else DEFAULT_TIMEOUT
     except ValueError:
         value = -1.0
     if not 0 < value <= 60:
-        print(f"{PROG}: error: {TIMEOUT_ENV}={text!r} is not a number of seconds in (0, 60]", file=sys.stderr)
-        raise SystemExit(2)
+        _usage_error(f"{TIMEOUT_ENV}={text!r} is not a duration in (0, 60s] ({DURATION})")
     return value
 
 
@@ -229,7 +229,7 @@ def run_directly(command: list[str]) -> int:
     try:
         os.execvp(command[0], command)
     except OSError as exc:
-        print(f"{PROG}: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        print(f"{PROG}: error: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
 
 

@@ -48,7 +48,7 @@ import time
 
 import hvd_elastic
 from hvd_elastic import sdnotify
-from hvd_elastic.options import env, standby_name
+from hvd_elastic.options import command_name, env, fail, standby_name
 from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
@@ -409,8 +409,7 @@ def run(args: argparse.Namespace) -> int:
         standby = Standby(args.name, args.preload)
         took = standby.prepare()
     except (StandbyError, OSError, ValueError) as exc:
-        print(f"hvd-elastic standby: {exc}", file=sys.stderr)
-        return 1
+        return fail(command_name(args), exc, 1)
     log.info("standby %r ready at %s after %.1f s of imports (%s)", args.name, standby.path, took,
              ", ".join(standby.preload))
     # Under systemd (Type=notify): the unit is started now, so units After= it (a node agent) start.

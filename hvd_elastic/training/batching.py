@@ -69,14 +69,31 @@ class BatchPolicy:
 
     @classmethod
     def constant_global(cls, global_batch_size: int) -> "BatchPolicy":
+        """Keep the global batch at ``global_batch_size`` samples per step; the per-rank batch follows the world.
+
+        Each rank takes ``global_batch_size / world`` samples (ranks differ by one when it does not
+        divide), so optimisation is unchanged by a resize and per-rank memory grows when ranks leave.
+        """
         return cls(cls.CONSTANT_GLOBAL, global_batch_size=global_batch_size)
 
     @classmethod
     def accumulate(cls, global_batch_size: int, micro_batch_size: int) -> "BatchPolicy":
+        """Keep the per-rank batch at ``micro_batch_size``; gradient-accumulation passes follow the world.
+
+        Passes per optimizer step: ``round(global_batch_size / (micro_batch_size * world))``, at least 1,
+        given by ``state.accumulation_steps`` and told to a Horovod ``DistributedOptimizer`` through
+        ``set_backward_passes_per_step``.  The effective global batch is ``passes * micro * world``.
+        """
         return cls(cls.ACCUMULATE, global_batch_size=global_batch_size, batch_size=micro_batch_size)
 
     @classmethod
     def scale_lr(cls, batch_size: int, base_world_size: int | None = None) -> "BatchPolicy":
+        """Keep the per-rank batch at ``batch_size`` and scale the learning rate by ``world / base_world_size``.
+
+        ``base_world_size`` defaults to the world size when training first started (committed with the
+        state, so it survives resets and restarts).  The scale is applied to every param group's ``lr``
+        and ``initial_lr`` and to each LR scheduler's ``base_lrs``.
+        """
         return cls(cls.SCALE_LR, batch_size=batch_size, base_world_size=base_world_size)
 
     def step_samples(self, world_size: int) -> int:
@@ -138,7 +155,12 @@ def fit_to_world(policy: BatchPolicy | None, bookkeeping: dict[str, Any], *, ran
     With a policy, the policy alone sets the sampler's step: a sampler that
     also carries a fixed ``batch_size`` (``ExactlyOnceSampler(data, 16)``) is
     refused with ``ValueError`` rather than having that size silently ignored.
+    A ``policy`` that is no :class:`BatchPolicy` is a ``TypeError``, raised at
+    the state's construction (its first call).
     """
+    if policy is not None and not isinstance(policy, BatchPolicy):  # else a str fails commits later, far from here
+        raise TypeError(f"batch_policy={policy!r} is not a BatchPolicy: build one with BatchPolicy.constant_global(N), "
+                        "BatchPolicy.accumulate(N, M) or BatchPolicy.scale_lr(N)")
     set_world = getattr(sampler, "set_world", None)
     fixed = getattr(sampler, "batch_size", None)
     if policy is not None and set_world is not None and fixed is not None:

@@ -95,7 +95,7 @@ class CheckpointManager:
     """Writes committed snapshots to ``directory`` and reads the newest valid one back.
 
     Args:
-        directory: where checkpoints live; created if missing.
+        directory: where checkpoints live; created if missing (ValueError naming it when a file is in the way).
         every_commits: write at every N-th call of :meth:`commit` (None: never by count).
         every_seconds: write at the first commit at least T seconds after the last
             write (None: never by time).  Time is only checked at commits, because a
@@ -126,7 +126,12 @@ class CheckpointManager:
     ) -> None:
         check_policy(every_commits, every_seconds, keep_last)
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # mkdir's errors name neither the setting nor the culprit
+            raise ValueError(f"checkpoint_dir={str(directory)!r} cannot be made a directory: "
+                             f"{_file_in_the_way(self.directory)} is a file (expected a directory, or a path where "
+                             "one can be made)") from None
         self.every_commits = every_commits
         self.every_seconds = every_seconds
         self.keep_last = keep_last
@@ -415,6 +420,14 @@ def check_policy(every_commits: int | None, every_seconds: float | None, keep_la
         raise ValueError(f"every_seconds must be a positive number of seconds or None, got {every_seconds!r}")
     if not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
+
+
+def _file_in_the_way(directory: Path) -> str:
+    """The path itself or the first of its parents that exists and is no directory."""
+    for path in (*reversed(directory.parents), directory):
+        if path.exists() and not path.is_dir():
+            return repr(str(path))
+    return "a part of its path"
 
 
 class UnreadableCheckpoints(RuntimeError):

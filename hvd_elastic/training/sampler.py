@@ -70,6 +70,8 @@ and ``op=hvd.Sum`` in the ``DistributedOptimizer`` (the examples do so).
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 from typing import Any, Callable, Sized
 
 import torch
@@ -77,7 +79,8 @@ from torch.utils.data import Sampler
 
 
 class ExactlyOnceSampler(Sampler[list[int]]):
-    """Batch sampler (``DataLoader(dataset, batch_sampler=sampler)``) for map-style datasets.
+    """Batch sampler (``DataLoader(dataset, batch_sampler=sampler)``; ``sampler=`` is a TypeError) for map-style
+    datasets.
 
     Args:
         data_source: the dataset (anything with ``len``) or its length.
@@ -106,8 +109,9 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         num_samples = data_source if isinstance(data_source, int) else len(data_source)
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        if batch_size is not None and (not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.num_samples = int(num_samples)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.shuffle = bool(shuffle)
@@ -250,6 +254,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> "_Batches":
+        _refuse_as_plain_sampler(self, sys._getframe(1))
         # The partition is fixed NOW (not at the first next()): prefetching
         # DataLoaders create the iterator and then race ahead of record_batch.
         return _Batches(self)
@@ -287,6 +292,8 @@ class ExactlyOnceSampler(Sampler[list[int]]):
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """The position, ``epoch`` and ``offset`` (samples of the epoch recorded as processed), with the
+        ``seed``, ``shuffle`` and ``num_samples`` it was taken with."""
         return {
             "epoch": self.epoch,
             "offset": self.offset,
@@ -296,6 +303,8 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a :meth:`state_dict`'s position, adopting its seed and shuffle; ``ValueError`` when it was
+        taken on another dataset size."""
         if int(state["num_samples"]) != self.num_samples:
             raise ValueError(
                 f"sampler state is for {state['num_samples']} samples but this dataset has "
@@ -375,6 +384,24 @@ class _NoneForEmpty:
 
     def __call__(self, batch: list) -> Any:
         return None if len(batch) == 0 else self.collate_fn(batch)
+
+
+def _refuse_as_plain_sampler(sampler: ExactlyOnceSampler, caller) -> None:
+    """TypeError when a DataLoader iterates this batch sampler as a plain one (``sampler=``).
+
+    Its batches would then be single indices: a batch sampler groups them (the
+    default ``batch_size=1``), or, with ``batch_size=None``, the dataset is
+    indexed with whole lists, and training runs silently on batches with an
+    extra dimension.  ``caller`` is the frame that called ``iter()``: a
+    wrapper that keeps this sampler as its ``.sampler`` beside a ``drop_last``
+    (torch's and torchdata's ``BatchSampler``), or a DataLoader iterator that does not
+    collate; with ``batch_sampler=`` it is the DataLoader's iterator, collating.
+    """
+    holder = caller.f_locals.get("self")
+    wrapper = getattr(holder, "sampler", None) is sampler and hasattr(holder, "drop_last")
+    if wrapper or getattr(holder, "_auto_collation", True) is False:
+        raise TypeError("ExactlyOnceSampler is a batch sampler: pass it as DataLoader(dataset, batch_sampler=sampler, "
+                        "collate_fn=ExactlyOnceSampler.collate()), not sampler=sampler")
 
 
 def _horovod_world() -> tuple[int, int]:

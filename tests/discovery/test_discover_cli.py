@@ -203,7 +203,8 @@ def test_a_silent_consul_is_cut_off_by_the_timeout(tmp_path):
         ([], {"CONSUL_HTTP_ADDR": "127.0.0.1:notaport"}, "CONSUL_HTTP_ADDR"),
         ([], {"CONSUL_HTTP_SSL": "maybe"}, "CONSUL_HTTP_SSL"),
         (["--client-cert", "/nonexistent.pem"], {}, "CONSUL_CLIENT_KEY"),
-        (["--ca-file", "/nonexistent.pem"], {"CONSUL_HTTP_ADDR": "https://127.0.0.1:1"}, "cannot load the TLS files"),
+        (["--ca-file", "/nonexistent.pem"], {"CONSUL_HTTP_ADDR": "https://127.0.0.1:1"},
+         "--ca-file='/nonexistent.pem' cannot be read"),
     ],
 )
 def test_bad_input_exits_2(tmp_path, args, env_extra, needle):

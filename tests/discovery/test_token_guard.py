@@ -20,6 +20,7 @@ import pytest
 from consul_testing import clean_env, consul_request, register, run_discovery
 
 from hvd_elastic import doctor
+from hvd_elastic.cli import build_parser
 from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.devagent import DevCluster
 from hvd_elastic.discovery import token_guard
@@ -140,24 +141,25 @@ def test_a_token_file_open_to_others_warns_like_ssh(env, tmp_path):
 
 def test_the_doctor_reports_the_same_finding(monkeypatch, tmp_path):
     assert doctor.check_token in doctor.CHECKS
+    args = build_parser(only="doctor").parse_args(["doctor"])  # no --token, no --token-file
     for name in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", ALLOW):
         monkeypatch.delenv(name, raising=False)
-    assert doctor.check_token(None).label == "ok"
+    assert doctor.check_token(args).label == "ok"
     monkeypatch.setenv("CONSUL_HTTP_TOKEN", TOKEN)
-    finding = doctor.check_token(None)
+    finding = doctor.check_token(args)
     assert (finding.label, finding.required) == ("FAIL", True)
     assert ("refuses to run" in finding.line() and "CONSUL_HTTP_TOKEN_FILE" in finding.line()
             and TOKEN not in finding.line())
     monkeypatch.setenv(ALLOW, "1")
-    assert doctor.check_token(None).label == "warn"
+    assert doctor.check_token(args).label == "warn"
     monkeypatch.setenv(ALLOW, "yes")
-    assert "'yes' is not a boolean" in doctor.check_token(None).line()
+    assert "'yes' is not a boolean" in doctor.check_token(args).line()
     monkeypatch.delenv("CONSUL_HTTP_TOKEN")
     monkeypatch.delenv(ALLOW)
     monkeypatch.setenv("CONSUL_HTTP_TOKEN_FILE", str(token_file(tmp_path, 0o640)))
-    assert doctor.check_token(None).label == "warn" and "mode 0640" in doctor.check_token(None).line()
+    assert doctor.check_token(args).label == "warn" and "mode 0640" in doctor.check_token(args).line()
     token_file(tmp_path).chmod(0o600)
-    assert doctor.check_token(None).label == "ok"
+    assert doctor.check_token(args).label == "ok"
 
 
 def test_the_bed_and_the_demo_never_hand_a_token_to_their_children():

@@ -279,7 +279,8 @@ def test_prestop_without_consul_fails_at_once_naming_why(tmp_path, sockets, fake
         result = run(prestop, env, timeout=120)
         took = time.monotonic() - started
     assert result.returncode == 1, result
-    assert result.stderr.startswith("drain: ") and "reach" in result.stderr and nobody in result.stderr, result.stderr
+    assert result.stderr.startswith("hvd-elastic drain: error: "), result.stderr
+    assert "reach" in result.stderr and nobody in result.stderr, result.stderr
     assert took < 60, f"took {took:.0f}s: it waited although it drained nothing"
 
 

@@ -67,7 +67,7 @@ def test_grace_from_env(raw, expected):
 
 @pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
 def test_a_bad_grace_is_named(raw):
-    with pytest.raises(ConfigError, match=rf"HVD_ELASTIC_HEALTH_GRACE='{raw}' is not a number of seconds >= 0"):
+    with pytest.raises(ConfigError, match=rf"HVD_ELASTIC_HEALTH_GRACE='{raw}' is not a duration >= 0"):
         lost.grace_from_env({lost.GRACE_ENV: raw})
 
 

@@ -99,5 +99,5 @@ def test_node_agent_refuses_a_malformed_allocation(tmp_path):
     env = child_env(discovery_state=tmp_path, SLURM_JOB_ID="4242", SLURMD_NODENAME="n1", SLURM_JOB_GPUS="all")
     result = subprocess.run([str(HVD_ELASTIC), "node-agent"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == ("node-agent: SLURM_JOB_GPUS='all' is not a list of GPU indices "
+    assert result.stderr.strip() == ("hvd-elastic node-agent: error: SLURM_JOB_GPUS='all' is not a list of GPU indices "
                                      "(expected e.g. 0,1,3)")

@@ -225,7 +225,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         ([hvd, "exec", "python", "x.py"], {}, "unknown option 'python' (the command goes after --)"),
         ([hvd, "exec", "--standby", "../x", "--", "true"], {}, "standby name '../x' is not"),
         ([hvd, "exec", "--", "true"], {"HVD_ELASTIC_STANDBY_TIMEOUT": "soon"},
-         "HVD_ELASTIC_STANDBY_TIMEOUT='soon' is not a number of seconds"),
+         "HVD_ELASTIC_STANDBY_TIMEOUT='soon' is not a duration in (0, 60s]"),
         ([hvd, "standby", "--name", "a/b"], {}, "'a/b' is not a standby name"),
         ([hvd, "standby", "--preload", "torch,not-a-module"], {}, "'not-a-module' is not a module name"),
     ]
