@@ -28,8 +28,8 @@ PYTHON=${PYTHON:-python3.11}
 TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
 # Open MPI for Horovod's MPI controller and mpi4py; sshd for the multi-host test bed's hosts; openssl for
-# the TLS tests' certificates.
-APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl munge slurmctld slurmd slurm-client)
+# the TLS tests' certificates; chromium for the docs test (the built site's quickstart rendered headless).
+APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl munge slurmctld slurmd slurm-client chromium)
 WHEEL_CACHE=${HVD_ELASTIC_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-elastic/wheels}
 STAMP=$VENV/.hvd-elastic-ready
 LOG_DIR=$(mktemp -d -t hvd-elastic-bootstrap.XXXXXX)
@@ -54,7 +54,8 @@ inputs_digest() {
     {
         echo "python=$("$PYTHON" -c 'import sys; print(sys.version)')"
         echo "torch=$TORCH_VERSION horovod=$HOROVOD_VERSION"
-        cat "$REPO/pyproject.toml" "$REPO/setup.cfg" "$REPO/scripts/bootstrap.sh" "$REPO/scripts/cxx17" \
+        cat "$REPO/pyproject.toml" "$REPO/setup.cfg" "$REPO/setup.py" "$REPO/hvd_elastic_horovodrun.pth" \
+            "$REPO/scripts/bootstrap.sh" "$REPO/scripts/cxx17" \
             "$REPO/scripts/fetch-consul.sh" "$REPO/scripts/fetch-prometheus.sh" "$REPO/scripts/lib/fetch-deb.sh"
     } | sha256sum | cut -d' ' -f1
 }
@@ -134,8 +135,13 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
 fi
 
 # 5. The project and its Python dependencies (mpi4py compiles against Open MPI).
-say "installing hvd-elastic (editable) with test and demo extras"
-run project "${PIP[@]}" install -q -e "$REPO[test,demo]"
+say "installing hvd-elastic (editable) with test, demo and docs extras"
+run project "${PIP[@]}" install -q -e "$REPO[test,demo,docs]"
+
+# horovodrun's driver rules (hvd_elastic/horovodrun): a wheel installs this .pth itself, an editable
+# install does not (see setup.py).
+purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+run pth cp "$REPO/hvd_elastic_horovodrun.pth" "$purelib/"
 
 # 6. HashiCorp Consul 1.8.7 for the tests that run against real Consul, and the demo;
 #    Prometheus 2.42 for the tests that scrape the exporters.

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "scripts" / "k8s"
 #: The Kubernetes version the manifests are validated against (native sidecars: GA in 1.33).
 KUBERNETES_VERSION = "1.33.0"
-#: Where the image puts the project (README.md, "Kubernetes").
+#: Where the image puts the project (docs/howto/kubernetes.md, "The image").
 IMAGE_BIN = "/opt/hvd-elastic/.venv/bin"
 
 

@@ -35,7 +35,9 @@ ALL = [(pod, c, cmd) for pod in pods() for c in pod.containers()
 #: validContainerResourceFieldPathExpressions, plus the hugepages- prefixes); nvidia.com/gpu is not one.
 DOWNWARD_RESOURCES = {"limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory",
                       "requests.ephemeral-storage"}
-#: Objects the user creates (README.md, "Kubernetes"), or the operator does (the MPIJob's ssh Secret).
+#: The page that says how to go from an empty cluster to a job (README.md links to it).
+KUBERNETES_GUIDE = REPO / "docs" / "howto" / "kubernetes.md"
+#: Objects the user creates (docs/howto/kubernetes.md), or the operator does (the MPIJob's ssh Secret).
 CREATED_BY_USER = {("Secret", "hvd-elastic-consul-token"), ("Secret", "hvd-elastic-ssh"),
                    ("ConfigMap", "hvd-elastic-consul-ca")}
 
@@ -209,9 +211,9 @@ def test_slots_equal_the_gpu_limit_everywhere():
 
 def test_every_reference_resolves():
     defined = {(doc["kind"], doc["metadata"]["name"]) for _, doc in resources()}
-    readme = (REPO / "README.md").read_text()
+    readme = KUBERNETES_GUIDE.read_text()
     for name in sorted(n for _, n in CREATED_BY_USER):
-        assert name in readme, f"README.md does not say how to create {name}"
+        assert name in readme, f"{KUBERNETES_GUIDE.relative_to(REPO)} does not say how to create {name}"
     for pod in pods():
         volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
         for container in pod.containers():
@@ -251,8 +253,8 @@ def volume_name(volumes: dict, volume: dict) -> str:
 
 
 def test_readmes_secret_commands_make_what_the_pods_mount():
-    """``kubectl create secret ... --from-file=KEY=...`` in README.md gives the keys the manifests read."""
-    readme = (REPO / "README.md").read_text()
+    """``kubectl create secret ... --from-file=KEY=...`` in the Kubernetes guide gives the keys the manifests read."""
+    readme = KUBERNETES_GUIDE.read_text()
     made: dict[str, set[str]] = {}
     for match in re.finditer(r"kubectl create (?:secret generic|configmap) (\S+)"
                              r"((?:\s+\\?\s*--from-file=[^\s=]+=\S+)+)",
