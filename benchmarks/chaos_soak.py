@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
                              "relaunched (default %(default)s; 0: never)")
     parser.add_argument("--relaunches", type=int, default=50,
                         help="times horovodrun may die and be relaunched, as a scheduler would (default %(default)s)")
+    parser.add_argument("--plain", action="store_true",
+                        help="the user's plain command: horovodrun alone as README gives it, without "
+                             "--blacklist-cooldown-range or hvd-elastic launch (the soak fails when the job ends)")
     parser.add_argument("--keep", type=Path, help="keep the run's files in this directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=RESULTS / "chaos_soak.json")
     args = parser.parse_args(argv)
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         config = SoakConfig(seed=seed, faults=args.faults, mtbf=args.mtbf, hosts=args.hosts, max_hosts=args.hosts + 1,
                             min_np=args.min_np, kinds=tuple(args.kinds.split(",")),
                             relaunches=args.relaunches, max_impaired=args.max_impaired,
-                            below_min_np=args.below_min_np, stall_timeout=args.stall_timeout).validate()
+                            below_min_np=args.below_min_np, stall_timeout=args.stall_timeout,
+                            plain=args.plain).validate()
     except ValueError as exc:
         parser.error(str(exc))
     # SIGTERM (a timeout, a scheduler) unwinds like Ctrl-C, so the bed and its Consul agents are torn down.

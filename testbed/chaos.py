@@ -245,6 +245,9 @@ class SoakConfig:
     relaunches: int = 10  # hvd-elastic launch --max-restarts: how often the job may die and be relaunched
     gloo_timeout: int = 30  # Horovod's default
     ttl: float = 3.0
+    # The user's plain command as README gives it: horovodrun alone, no blacklist cooldown, no hvd-elastic launch
+    # (a job death or a stuck job ends the soak).
+    plain: bool = False
 
     def __post_init__(self):
         if self.max_impaired is None:
@@ -321,9 +324,12 @@ class Soak:
     def start(self) -> TrainingJob:
         """Start the job on every host and wait for it to train at full size."""
         max_np = self.config.max_hosts * self.cluster.slots
+        plain = self.config.plain
         self.job = self.cluster.start_job(self.config.min_np, self.config.min_np, max_np, "--num-workers", "1",
-                                          "--checkpoint-every", "5", out=self.out, horovodrun_args=COOLDOWN,
-                                          max_restarts=self.config.relaunches, stall_timeout=self.config.stall_timeout)
+                                          "--checkpoint-every", "5", out=self.out,
+                                          horovodrun_args=() if plain else COOLDOWN,
+                                          max_restarts=None if plain else self.config.relaunches,
+                                          stall_timeout=self.config.stall_timeout)
         self.cluster.wait_steps(self.job, size=len(self.state) * self.cluster.slots, steps=5,
                                 timeout=self.config.hang_limit)
         return self.job

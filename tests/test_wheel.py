@@ -29,6 +29,7 @@ import pytest
 from testbed import REPO, Job, child_env, start_dev_agent
 from testbed.consul import register
 
+PTH = "hvd_elastic_horovodrun.pth"
 WHEEL_CACHE = Path(os.environ.get("HVD_ELASTIC_WHEEL_CACHE", Path.home() / ".cache" / "hvd-elastic" / "wheels"))
 # What the checkout holds that is no source: setuptools reuses build/lib, so a module deleted since the
 # last build would still be packed from there (and the build must not write into the checkout).
@@ -92,7 +93,9 @@ def test_the_wheel_ships_the_product_and_no_test_bed(wheel):
         names = archive.namelist()
         sources = {name: archive.read(name).decode() for name in names if name.endswith(".py")}
     tops = {name.split("/", 1)[0] for name in names}
-    assert {t for t in tops if not re.fullmatch(r"hvd_elastic(-[^/]+\.(dist-info|data))?", t)} == set(), tops
+    assert {t for t in tops if not re.fullmatch(r"hvd_elastic(-[^/]+\.(dist-info|data))?", t)} == {PTH}, tops
+    with zipfile.ZipFile(wheel) as archive:  # horovodrun's driver rules load through it (setup.py)
+        assert archive.read(PTH) == (REPO / PTH).read_bytes()
     assert [n for n in names if "testbed" in n or n.startswith("tests/")] == []
     assert [m for m in PRODUCT_MODULES if m not in names] == []
     defined = re.compile(rf"^\s*(?:class|def)\s+({'|'.join(TEST_BED)})\b", re.MULTILINE)
@@ -100,6 +103,47 @@ def test_the_wheel_ships_the_product_and_no_test_bed(wheel):
     assert found == {}, f"test-bed code in the wheel: {found}"
     # Nothing shipped names the test bed's modules (a preload list, a ``python -m`` of its worker).
     assert [name for name, text in sources.items() if re.search(r"\btestbed\.\w", text)] == []
+
+
+def test_the_wheel_carries_the_license(wheel):
+    """setup.cfg says Apache-2.0: the text itself travels in the wheel's metadata (License-File)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        fields = archive.read(metadata).decode()
+        (licence,) = [n for n in names if re.fullmatch(r"hvd_elastic-[^/]+\.dist-info/(licenses/)?LICENSE", n)]
+        assert archive.read(licence) == (REPO / "LICENSE").read_bytes()
+    assert "License-File: LICENSE" in fields and "Apache License" in (REPO / "LICENSE").read_text()
+
+
+def test_the_wheel_ships_the_examples_and_the_discovery_contract(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        share = next(n.split("share/hvd-elastic/")[0] for n in names if "/share/hvd-elastic/" in n)
+        share += "share/hvd-elastic/"
+        for shipped, source in (("examples/minimal.py", "examples/minimal.py"),
+                                ("examples/train_elastic.py", "examples/train_elastic.py"),
+                                ("discovery/README.md", "discovery/README.md")):
+            assert share + shipped in names, shipped
+            assert archive.read(share + shipped) == (REPO / source).read_bytes(), shipped
+
+
+def test_the_installed_discovery_script_starts_python_isolated(wheel, tmp_path):
+    """pip rewrites a ``#!python -I -S`` first line to the bare interpreter, dropping the flags discovery's
+    start-up rests on; the script starts Python with them itself.  A ``sitecustomize`` on PYTHONPATH is what
+    a Python started without -I (PYTHONPATH) and -S (site) would run."""
+    venv = tmp_path / "venv"
+    assert run([sys.executable, "-m", "venv", "--without-pip", venv], timeout=120).returncode == 0
+    got = run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", venv / "bin" / "python",
+               "install", "--no-deps", "--no-index", wheel], timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    probe, marker = tmp_path / "probe", tmp_path / "site-was-read"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    out = run([venv / "bin" / "consul_hosts", "--help"], timeout=120, cwd=tmp_path,
+              env=outside_env(PYTHONPATH=str(probe)))
+    assert out.returncode == 0 and out.stdout.startswith("usage: consul_hosts"), out.stderr
+    assert not marker.exists(), "consul_hosts ran without -I -S"
 
 
 def outside_env(**extra: str) -> dict[str, str]:
@@ -160,6 +204,17 @@ def test_installed_demo_smallest_setting_and_report(installed, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_installed_horovodrun_loads_hvd_elastics_driver_rules(installed, tmp_path):
+    """The wheel's .pth puts the finder in place, and horovodrun's launcher module gets the rules."""
+    probe = ("import sys, horovod.runner.gloo_run as g, hvd_elastic.horovodrun.rules as r; "
+             "print(g._hvd_elastic_rules, r.__file__)")
+    out = run([installed / "python", "-c", probe], timeout=120, cwd=tmp_path, env=outside_env())
+    assert out.returncode == 0, out.stderr
+    flag, source = out.stdout.split()
+    assert flag == "True" and source.startswith(str(installed.parent)), out.stdout
+
+
 def test_installed_package_carries_the_operator_files(installed):
     share = installed.parent / "share" / "hvd-elastic"
     for name in ("systemd/hvd-elastic-node-agent.service", "systemd/hvd-elastic-discover.service",

@@ -43,11 +43,20 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.discovery.hosts import is_valid_host
+from hvd_elastic.horovodrun.rules import COOLDOWN
 from hvd_elastic.local.env import CONSUL_HOSTS, HVD_ELASTIC, child_env
 from hvd_elastic.local.job import MARK_ENV, Job, JobError, horovodrun_elastic, start_node_agent, wait_until
 from hvd_elastic.local.realconsul import CONSUL, consul_cluster, unavailable_reason
+from hvd_elastic.nodeagent.cli import ttl_seconds  # the node agents' own rule: they get this TTL
 from hvd_elastic.nodeagent.standby import standby_state
-from hvd_elastic.options import non_negative_float, positive_float, positive_int
+from hvd_elastic.options import (
+    command_name,
+    fail,
+    non_negative_seconds,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 from hvd_elastic.report.jsonlines import JsonLines
 
 from . import schedule
@@ -59,6 +68,7 @@ log = logging.getLogger("hvd_elastic.demo")
 START_HOSTS = ("localhost", "127.0.0.1")
 SERVICE = "horovod"
 MIN_NP = 1
+REJOIN_S = 2.0 * COOLDOWN[0]  # a killed worker's host is blacklisted at least this long (hvd_elastic.horovodrun)
 TRAIN_MODULE = "hvd_elastic.demo.train"
 # What the training module imports (torch, horovod and torch._dynamo are the standby's own).
 STANDBY_PRELOAD = "numpy,psutil,sklearn.datasets,hvd_elastic,hvd_elastic.report.evidence,hvd_elastic.demo.digits"
@@ -75,16 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default %(default)s)")
     parser.add_argument("--spare-host", help="name of the node the 'add' event brings in; it must resolve to an "
                                              "address of this machine (default this machine's host name)")
-    parser.add_argument("--epochs", type=positive_int, default=4, help="training epochs (default %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=6, help="training epochs (default %(default)s)")
     parser.add_argument("--phase-steps", type=positive_int, default=8,
                         help="steps to train at each new world size before the next event (default %(default)s)")
-    parser.add_argument("--step-delay", type=non_negative_float, default=0.1,
+    parser.add_argument("--step-delay", type=non_negative_seconds, default=0.1,
                         help="seconds each step waits until the last event is done (default %(default)s)")
     parser.add_argument("--checkpoint-every", type=positive_int, default=10,
                         help="commits between durable checkpoints (default %(default)s)")
-    parser.add_argument("--ttl", type=positive_float, default=4.0,
+    parser.add_argument("--ttl", type=ttl_seconds, default=4.0,
                         help="node agents' TTL check, seconds: how soon a silent node drops (default %(default)s)")
-    parser.add_argument("--accuracy-tolerance", type=positive_float, default=0.03,
+    parser.add_argument("--accuracy-tolerance", type=positive_number, default=0.03,
                         help="largest accepted gap between elastic and uninterrupted test accuracy "
                              "(default %(default)s)")
     parser.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
@@ -94,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the nodes register in: HashiCorp Consul agents (a server and a client agent per "
                              "node, the binary bootstrap fetched), the embedded dev agent, or auto: HashiCorp's when "
                              "its binary is there, else the dev agent (default %(default)s)")
-    parser.add_argument("--timeout", type=positive_float, default=180.0,
+    parser.add_argument("--timeout", type=positive_seconds, default=180.0,
                         help="seconds each phase may take before the demo gives up (default %(default)s)")
 
 
@@ -105,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
         _check_budget(events, args)
         consul = _consul_kind(args.consul)
     except (schedule.ScheduleError, ValueError) as exc:
-        print(f"hvd-elastic demo: {exc}", file=sys.stderr)
-        return 2
+        return fail(command_name(args), exc, 2)
     # The dev agent's per-node start/stop lines would interleave with the demo's own story.
     logging.getLogger("hvd_elastic.devagent").setLevel(max(logging.WARNING, logging.getLogger().level))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hvd-elastic-demo."))
@@ -122,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
         passed = _summary(args, workdir, console)
     except DemoFailed as exc:
         console.say(f"FAILED: {exc}")
-        print(f"hvd-elastic demo: FAILED: {exc}", file=sys.stderr)
-        return 1
+        return fail(command_name(args), f"FAILED: {exc}", 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
     console.say(f"demo {'OK' if passed else 'FAILED'} in {time.monotonic() - start:.0f} s")
@@ -158,7 +166,8 @@ def _check_budget(events: list[schedule.Event], args: argparse.Namespace) -> Non
     at most that time over --step-delay steps.  A restart redoes up to --checkpoint-every steps.
     """
     total = args.epochs * steps_per_epoch()
-    takes_effect = {"drain": 2.0, "undrain": 2.0, "add": 2.0, "ttl": args.ttl + 2.0, "kill-worker": 0.0, "restart": 0.0}
+    takes_effect = {"drain": 2.0, "undrain": 2.0, "add": 2.0, "ttl": args.ttl + 2.0, "kill-worker": REJOIN_S + 2.0,
+                    "restart": 0.0}
     pace = max(args.step_delay, 0.01)
     needed = (len(events) + 2) * args.phase_steps + sum(
         int(takes_effect[e.action] / pace) - (args.checkpoint_every if e.action == "restart" else 0) for e in events)
@@ -342,7 +351,9 @@ def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str
             at = demo.act(event)
             label = f"{event.action} {event.host or 'the whole job'}"
             console.say(f"{label}: waiting for world size {event.size_after}", event=label)
-            first = demo.wait_size(event.size_after, at, args.phase_steps, label)
+            # A killed worker's host is back no sooner than its cooldown: count only steps after that.
+            settle = REJOIN_S if event.action == "kill-worker" else 0.0
+            first = demo.wait_size(event.size_after, at + settle, args.phase_steps, label)
             console.say(f"{label}: world size {size} -> {event.size_after}, first step after {first - at:.1f} s",
                         event=label)
             size = event.size_after

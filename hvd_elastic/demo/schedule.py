@@ -7,7 +7,7 @@ A schedule is a comma-separated list of ``ACTION[:HOST]``:
 ``undrain``      ``hvd-elastic undrain`` on HOST (it rejoins)
 ``add``          start the node agent of a spare HOST: a node that was not there at start joins
 ``kill-worker``  SIGKILL the training process on HOST (a crash: survivors roll back
-                 to their last commit; horovodrun blacklists HOST until the job is relaunched)
+                 to their last commit; HOST rejoins once its blacklist cooldown has passed)
 ``ttl``          SIGKILL HOST's node agent: its TTL check expires and Consul drops it
 ``restart``      SIGKILL the whole job and launch it again: it resumes from its last checkpoint
 ================ ===========================================================
@@ -26,14 +26,13 @@ from __future__ import annotations
 import dataclasses
 
 ACTIONS = ("drain", "undrain", "add", "kill-worker", "ttl", "restart")
-DEFAULT = "drain,undrain,add,kill-worker,ttl,restart"
+DEFAULT = "drain,undrain,add,kill-worker,ttl:127.0.0.1,restart"
 
 # Host states of the model.
 UP = "up"  # healthy in Consul and training
 DRAINED = "drained"  # in maintenance
 DOWN = "down"  # node agent gone: critical in Consul
 SPARE = "spare"  # no node agent yet
-BLACKLISTED = "blacklisted"  # healthy in Consul, but horovodrun will not use it until the job is relaunched
 
 
 class ScheduleError(ValueError):
@@ -74,9 +73,6 @@ def plan(steps: list[tuple[str, str | None]], start: list[str], spares: list[str
         if host is not None and host not in state:
             raise ScheduleError(f"{where}: unknown host {host!r} (the demo's hosts: {', '.join(state)})")
         if action == "restart":
-            for h, s in state.items():
-                if s == BLACKLISTED:
-                    state[h] = UP
             joined = [h for h in joined if state[h] == UP]
             size = _size(state)
             if size < 2:
@@ -97,8 +93,10 @@ def plan(steps: list[tuple[str, str | None]], start: list[str], spares: list[str
         elif action == "add":
             state[host] = UP
             joined.append(host)
+        elif action == "kill-worker":
+            pass  # its host rejoins once its cooldown has passed (hvd_elastic.horovodrun): the size is the same
         else:
-            state[host] = {"drain": DRAINED, "ttl": DOWN, "kill-worker": BLACKLISTED}[action]
+            state[host] = {"drain": DRAINED, "ttl": DOWN}[action]
             joined.remove(host)
             if action == "drain":
                 drained.append(host)

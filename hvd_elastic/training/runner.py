@@ -66,7 +66,7 @@ from prometheus_client import CollectorRegistry
 from hvd_elastic.metrics import address as metrics_address
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
-from hvd_elastic.training._internal import forksafe, objects, shared_dir
+from hvd_elastic.training._internal import forksafe, objects, rendezvous, shared_dir
 from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training._internal.elastic_loop import run_elastic
@@ -143,9 +143,20 @@ class RunConfig:
 
 
 def run(func: Callable | None = None, /, *, config: RunConfig | None = None, **settings: Any):
-    """Decorate a training function ``func(state, *args, **kwargs)``.
+    """Decorate a training function ``func(state, *args, **kwargs)``: elastic, checkpointed, logged.
 
-    Use as ``@run``, ``@run(config=RunConfig(...))`` or ``@run(**RunConfig fields)``.
+    Use as ``@run``, ``@run(config=RunConfig(...))`` or ``@run(**RunConfig fields)``, for example
+    ``@run(checkpoint_dir="/shared/run1/ckpt", checkpoint_every_commits=20, event_log="/shared/run1/events.jsonl")``;
+    the settings are the fields of :class:`RunConfig`, checked when the decorator is applied.  Call the
+    decorated function with a :class:`~hvd_elastic.training.state.TrainingState` (``hvd.init()`` first, or
+    the call does it).  Under an elastic ``horovodrun`` (``--min-np``/``--max-np``/``--host-discovery-script``)
+    it runs inside Horovod's elastic loop: a failed collective rolls the state back to its last commit, a
+    change of hosts takes effect at the next commit, and the function is called again after each reset.
+    Before every sync every rank must see the same ``checkpoint_dir`` (else ``SharedDirError`` on every
+    rank); at the first sync rank 0 resumes from the newest valid checkpoint there.  Rank 0 writes
+    checkpoints in the background at the chosen commits and a last one when the function returns, and
+    appends to the event log and the progress log.  Returns what the function returns; an exception it
+    raises (other than Horovod's resets) is logged as ``abort`` and raised.
     """
     if config is not None and settings:
         raise TypeError("pass either config= or individual settings, not both")
@@ -202,6 +213,9 @@ class _Session:
         self._metrics_retry_at: float | None = None
         self._committed_step = getattr(state, "step", None)
         self._step_at_error = None
+        self._announced = False  # horovodrun's driver rules know a durable checkpoint exists
+        if self.checkpoints is not None and self.checkpoints.checkpoints():
+            self._announce_resumable()  # a relaunched job can resume before its first sync has loaded one
 
     # -------------------------------------------------------------- the call
 
@@ -312,6 +326,7 @@ class _Session:
         # Already durable: nothing to write at exit unless training commits again.
         self._last_checkpoint_commit = self.state.commit_count
         log.info("resumed from checkpoint %s (step %s)", ckpt.manifest_path, m.get("step"))
+        self._announce_resumable()
         self._emit("resume", path=str(ckpt.manifest_path), sequence=m.get("sequence"), step=m.get("step"),
                    epoch=m.get("epoch"), commit_count=m.get("commit_count"), world_size=m.get("world_size"))
 
@@ -425,9 +440,22 @@ class _Session:
         # The checkpoint writer only runs on a process that was rank 0 when it started.
         if event in ("checkpoint", "checkpoint_error"):
             self.metrics.on_checkpoint(event == "checkpoint", fields.get("seconds"), fields.get("step"))
+        if event == "checkpoint":
+            self._announce_resumable()
         if self.events is not None:
             self.events.emit(event, **fields)
 
+    def _announce_resumable(self) -> None:
+        """Once per process: tell horovodrun's driver that a round in which every worker fails can resume
+        from a checkpoint instead of ending the job (:mod:`hvd_elastic.horovodrun.rules`)."""
+        server = None if self._announced else rendezvous.Server.from_env()
+        if server is None:
+            return
+        try:
+            server.announce_resumable()
+            self._announced = True
+        except rendezvous.ERRORS as exc:  # the driver may be re-forming the world: the next checkpoint retries
+            log.debug("could not announce the checkpoint to horovodrun's driver: %s", exc)
 
 
 def _sample_position(state) -> int | None:

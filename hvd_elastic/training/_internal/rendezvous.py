@@ -33,6 +33,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from hvd_elastic.horovodrun import RESUMABLE_PATH
+
 ADDR_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_ENV = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 RANK_AND_SIZE = "rank_and_size"
@@ -75,6 +77,10 @@ class Server:
         if status != 200:
             raise OSError(f"rendezvous server {self.addr}:{self.port} answered {status} to rank_and_size")
         return body.decode("ascii")
+
+    def announce_resumable(self) -> None:
+        """Tell horovodrun's driver rules that a durable checkpoint exists (:mod:`hvd_elastic.horovodrun`)."""
+        self.request("PUT", RESUMABLE_PATH, body=b"1", timeout=5.0)
 
     def waiting(self, ranks: Iterable[int]) -> set[int]:
         """Those of ``ranks`` that have published their address in the forming world."""

@@ -1,0 +1,444 @@
+"""hvd-elastic's rules inside horovodrun's elastic driver, for jobs that find their hosts through hvd-elastic.
+
+Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
+``gloo_run.py``) was written for a fixed pool of machines; under churn its
+rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
+hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
+with ``HVD_ELASTIC_DRIVER=1``, four of them change (``HVD_ELASTIC_DRIVER=0``
+keeps Horovod's):
+
+1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
+   excludes a host whose worker failed for the rest of the job, so a cluster
+   that loses a worker now and then runs out of hosts.  The default range
+   becomes :data:`COOLDOWN`: a failed host returns once discovery lists it
+   again (Consul calls it healthy) and its cooldown has passed, 4-6 s after
+   its first failure, doubling with each later one that comes within
+   :data:`DECAY_S` of the one before, up to 300 s: a flapping host is held
+   off longer and longer instead of resetting the job in a loop, and a host
+   that fails now and then starts again from 4-6 s.  An explicit
+   ``--blacklist-cooldown-range`` is kept as given (Horovod's count, which
+   never decays).
+2. **A round in which every worker failed restarts from the checkpoint.**
+   Horovod ends the job then ("failure count == N -> stop running",
+   horovod/horovod#3264): a host lost while the others are in ``hvd.init()``
+   makes every one of them fail.  When a worker has announced a durable
+   checkpoint (``@hvd_elastic.run`` does, see :data:`RESUMABLE_PATH`), the
+   driver starts a new world on the hosts discovery lists and it resumes from
+   that checkpoint; so does a job none of whose workers ever got through
+   ``hvd.init()`` (nothing trained: a host lost during the job's first
+   rendezvous); at most :data:`ALL_FAILED_ROUNDS` such rounds in a row
+   (a round in which any worker got through resets the count).  Horovod's rule
+   stands when workers trained and none announced a checkpoint (the state would be lost), when
+   every worker exited 1 (an exception in the training code: it would only fail
+   again), and past that count.
+3. **A worker that ends after the driver stopped never waits at its barrier.**
+   Horovod records it and waits for a round that will never fill; the
+   launcher, joining that thread, then stays alive with no worker left.
+4. **horovodrun ends.**  On SIGTERM or SIGINT it stops the driver as well as
+   the workers, and exits ``128 + signal`` once its children are gone (at most
+   :data:`STOP_GRACE_S`, then they are SIGKILLed); and once the driver stopped
+   for any reason, a process still alive :data:`STOP_GRACE_S` later prints
+   every thread's stack and exits 1, so it never outlives its job.
+
+Contract:
+
+* Installed by :mod:`.hook` right after ``horovod.runner.gloo_run`` executes;
+  :func:`install` is idempotent, and with a Horovod other than
+  :data:`SUPPORTED` (or a missing attribute) it logs one warning and leaves
+  Horovod as it is.
+* Exit codes added: ``128 + signum`` after SIGTERM/SIGINT; 1 when the process
+  had to be ended :data:`STOP_GRACE_S` after its driver stopped.  Every other
+  exit is horovodrun's.
+* Each decision is one log line on horovodrun's stderr, prefixed ``hvd-elastic:``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from hvd_elastic.envvars import ConfigError, parse_bool
+from hvd_elastic.horovodrun import RESUMABLE_KEY, RESUMABLE_SCOPE
+from hvd_elastic.horovodrun.hook import ENV
+
+log = logging.getLogger("hvd_elastic.horovodrun")
+
+SUPPORTED = ("0.28.1",)
+COOLDOWN = (2, 300)  # seconds: Horovod's own cooldown formula, min * 2**failures + jitter, capped at max
+ALL_FAILED_ROUNDS = 3
+DECAY_S = 600.0  # a host's failures count toward a longer cooldown only when they come this close together
+STOP_GRACE_S = 30.0  # Horovod terminates a worker in at most 10 s (5 s SIGTERM grace, then SIGKILL, 5 s wait)
+EXCEPTION_EXIT = 1  # what an uncaught Python exception in the training code exits with
+
+# hvd-elastic's discovery as a --host-discovery-script: the installed script, a checkout's, or the subcommand.
+_OUR_DISCOVERY = re.compile(r"(?:^|[\s/'\"=])(?:consul_hosts|hvd-elastic\s+discover)(?:[\s'\";|&]|$)")
+_drivers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # drivers whose rules apply, for the signal handler
+
+
+@dataclasses.dataclass
+class Job:
+    """What the rules keep per driver: the last exit code of each slot and the all-failed rounds in a row."""
+
+    exits: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    resumable: bool = False
+    initialized: bool = False  # a worker of this job got through hvd.init() (it registered with the driver)
+    decay: bool = False  # the default cooldown, whose failure count decays (an explicit one is Horovod's as given)
+    all_failed: int = 0
+    stopped_at: float | None = None
+
+    def restart_refusal(self, codes: list[int | None]) -> str | None:
+        """Why a round in which every worker failed (with ``codes``) must end the job; None to restart it."""
+        if not self.resumable and self.initialized:
+            return "no worker announced a durable checkpoint to resume from"
+        if codes and all(code == EXCEPTION_EXIT for code in codes):
+            return f"every worker exited {EXCEPTION_EXIT} (an exception in the training code)"
+        if self.all_failed >= ALL_FAILED_ROUNDS:
+            return f"{self.all_failed} such rounds in a row"
+        return None
+
+
+def applies(discovery: Any, environ: dict[str, str] | None = None) -> bool:
+    """Whether the rules apply to a driver with ``discovery``: ``HVD_ELASTIC_DRIVER`` when set (a boolean),
+    else whether the discovery script is hvd-elastic's.  Raises ConfigError on a value that is not a boolean."""
+    value = (os.environ if environ is None else environ).get(ENV, "")
+    if value:
+        return parse_bool(ENV, value)
+    return bool(_OUR_DISCOVERY.search(getattr(discovery, "_discovery_script", None) or ""))
+
+
+def install(gloo_run: Any) -> None:
+    """Patch the driver classes ``gloo_run`` uses (idempotent); see the module docstring."""
+    if getattr(gloo_run, "_hvd_elastic_rules", False):
+        return
+    import horovod
+    from horovod.runner.elastic import discovery, driver, registration
+
+    version = getattr(horovod, "__version__", "?")
+    needed = [(driver.ElasticDriver, ("__init__", "_handle_worker_exit", "stop", "finished", "get_results",
+                                      "register_worker_server")),
+              (discovery.HostState, ("blacklist",)),
+              (registration.WorkerStateRegistry, ("_on_workers_recorded", "_wait")),
+              (gloo_run, ("register_shutdown_event", "create_rendezvous_handler"))]
+    missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, names in needed for name in names
+               if not hasattr(owner, name)]
+    if version not in SUPPORTED or missing:
+        log.warning("hvd-elastic: horovodrun's driver rules are written for Horovod %s, found %s%s: "
+                    "left as Horovod has them", "/".join(SUPPORTED), version,
+                    f" without {', '.join(missing)}" if missing else "")
+        return
+    _patch_driver(driver.ElasticDriver, discovery.HostState)
+    _patch_registry(registration.WorkerStateRegistry, registration.SUCCESS, registration.FAILURE,
+                    registration.READY)
+    _patch_launcher(gloo_run)
+    gloo_run._hvd_elastic_rules = True
+
+
+def _job(driver: Any) -> Job | None:
+    return getattr(driver, "_hvd_elastic", None)
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+
+
+# -- the driver ----------------------------------------------------------------------------------------------
+
+
+def _patch_driver(cls: Any, host_state: type) -> None:
+    signature = inspect.signature(cls.__init__)
+
+    def init(original):
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            try:
+                job = Job() if applies(bound.arguments["discovery"]) else None
+            except ConfigError as exc:
+                sys.stderr.write(f"horovodrun: {exc}\n")
+                raise SystemExit(2) from None
+            self._hvd_elastic = job
+            if job is not None:
+                _drivers.add(self)
+                if bound.arguments["cooldown_range"] is None:
+                    bound.arguments["cooldown_range"] = COOLDOWN
+                    job.decay = True
+                    log.warning("hvd-elastic: a host whose worker fails may rejoin once discovery lists it again, "
+                                "after a cooldown of %d s doubling per failure within %d s of the last, up to %d s "
+                                "(--blacklist-cooldown-range MIN MAX to choose; HVD_ELASTIC_DRIVER=0: Horovod's "
+                                "rules)", 2 * COOLDOWN[0], DECAY_S, COOLDOWN[1])
+            original(*bound.args, **bound.kwargs)
+            if job is not None and job.decay:
+                _forget_old_failures(self, host_state)
+        return __init__
+
+    def handle_worker_exit(original):
+        def _handle_worker_exit(self, slot_info, exit_code, timestamp):
+            job = _job(self)
+            if job is not None:
+                job.exits[(slot_info.hostname, slot_info.local_rank)] = exit_code
+            return original(self, slot_info, exit_code, timestamp)
+        return _handle_worker_exit
+
+    def register_worker_server(original):
+        def register_worker_server(self, host, slot, addresses, secret_key):
+            job = _job(self)
+            if job is not None:
+                job.initialized = True
+            return original(self, host, slot, addresses, secret_key)
+        return register_worker_server
+
+    def stop(original):
+        def stop(self, error_message=None):
+            original(self, error_message)
+            job = _job(self)
+            if job is not None and job.stopped_at is None:
+                job.stopped_at = time.monotonic()
+                with self._wait_hosts_cond:
+                    self._wait_hosts_cond.notify_all()  # a wait for slots sees the shutdown now, not at its timeout
+                barrier = getattr(self._worker_registry, "_barrier", None)
+                if barrier is not None:
+                    # Release whoever waits for a round that will never fill (rule 3).  In a thread: the barrier
+                    # holds its lock while its action runs, and the action may be what called stop().
+                    threading.Thread(target=barrier.abort, name="hvd-elastic-barrier", daemon=True).start()
+                threading.Thread(target=_exit_if_held, args=(STOP_GRACE_S,), name="hvd-elastic-stop-guard",
+                                 daemon=True).start()
+        return stop
+
+    def get_results(original):
+        def get_results(self):
+            results = original(self)
+            if _signalled.is_set() and _job(self) is not None:
+                _signalled.wait_exit()  # the signal's own thread ends the process with 128 + signum
+            return results
+        return get_results
+
+    _wrap(cls, "__init__", init)
+    _wrap(cls, "_handle_worker_exit", handle_worker_exit)
+    _wrap(cls, "stop", stop)
+    _wrap(cls, "register_worker_server", register_worker_server)
+    _wrap(cls, "get_results", get_results)
+
+
+def _forget_old_failures(driver: Any, host_state: type) -> None:
+    """Make the driver's hosts count only failures within :data:`DECAY_S` of each other toward their cooldown.
+
+    Horovod's count never decays: on a long job every host would end up held off for the whole
+    maximum after any failure.  A host that flaps keeps doubling; one that failed once an hour does not.
+    """
+
+    class Decaying(host_state):
+        _last_failure = 0.0
+
+        def blacklist(self):
+            now = time.time()
+            if now - self._last_failure > DECAY_S:
+                self._blacklist_count = 0
+            self._last_failure = now
+            super().blacklist()
+
+    manager = driver._host_manager
+    with driver._wait_hosts_cond:  # the discovery thread (already started) creates host states under it
+        states = manager._hosts_state
+        states.default_factory = lambda: Decaying(COOLDOWN)
+        for host, state in list(states.items()):
+            states[host] = Decaying.__new__(Decaying)
+            states[host].__dict__.update(state.__dict__)
+
+
+def _exit_if_held(grace: float) -> None:
+    """Rule 4's last line: the driver stopped ``grace`` s ago and the process still lives."""
+    time.sleep(grace)
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    stacks = "".join(f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}"
+                     for ident, frame in sys._current_frames().items())
+    sys.stderr.write(f"hvd-elastic: horovodrun's driver stopped {grace:.0f} s ago and the process is still held; "
+                     f"its threads:\n{stacks}")
+    _end_children(0.0)
+    _exit(1)
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _end_children(grace: float) -> None:
+    """Wait up to ``grace`` s for horovodrun's sessions (workers, discovery calls) to end, then SIGKILL them.
+
+    A session is a child that leads its own session: ``safe_shell_exec``'s middleman calls ``setsid()``.
+    Other children (multiprocessing's resource tracker) end with this process.
+    """
+    deadline = time.monotonic() + grace
+    while (sessions := _sessions()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in sessions:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _sessions() -> list[int]:
+    import psutil  # Horovod's own dependency; only loaded on the way out
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if os.getsid(child.pid) == child.pid and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+# -- the registry: rounds --------------------------------------------------------------------------------------
+
+
+def _patch_registry(cls: Any, success: str, failure: str, ready: str) -> None:
+    def on_workers_recorded(original):
+        def _on_workers_recorded(self):
+            job = _job(self._driver)
+            if job is None or not _restarted_all(self, job, success, failure, ready):
+                original(self)
+        return _on_workers_recorded
+
+    def wait(original):
+        def _wait(self, key, state, rendezvous_id):
+            if _job(self._driver) is None:
+                return original(self, key, state, rendezvous_id)
+            if self._driver.finished():
+                return rendezvous_id  # the job is over: no round will form to wait for (rule 3)
+            try:
+                return original(self, key, state, rendezvous_id)
+            except threading.BrokenBarrierError:
+                if self._driver.finished():
+                    return rendezvous_id
+                raise
+        return _wait
+
+    _wrap(cls, "_on_workers_recorded", on_workers_recorded)
+    _wrap(cls, "_wait", wait)
+
+
+def _restarted_all(registry: Any, job: Job, success: str, failure: str, ready: str) -> bool:
+    """Rule 2, in the barrier's action: True when a round in which every worker failed was restarted."""
+    failed = registry.get(failure)
+    if registry.count(ready):
+        job.all_failed = 0  # a round got through
+    if registry.count(success) or not registry.size() or len(failed) != registry.size():
+        return False
+    codes = sorted({job.exits.get(key) for key in failed}, key=lambda code: (code is None, code))
+    refusal = job.restart_refusal(codes)
+    if refusal is not None:
+        log.error("hvd-elastic: every worker of the round failed (exit codes %s) and %s: ending the job as "
+                  "Horovod does", codes, refusal)
+        return False
+    job.all_failed += 1
+    log.warning("hvd-elastic: every worker of the round failed (exit codes %s): starting a new world that resumes "
+                "from the newest checkpoint (%d of at most %d such rounds in a row)", codes, job.all_failed,
+                ALL_FAILED_ROUNDS)
+    for host, _ in failed:
+        registry._host_manager.blacklist(host)  # each returns after its cooldown, when discovery lists it
+    # No survivor holds the state: the new world need not include a previous host to sync from.
+    registry._driver._host_assignments = {}
+    try:
+        registry._reset_count += 1
+        registry._driver.resume()
+    except Exception:  # noqa: BLE001 -- Horovod's own handling of a failed resume
+        log.exception("failed to activate new hosts -> stop running")
+        registry._driver.stop()
+    return True
+
+
+# -- the launcher: signals and the checkpoint announcement -----------------------------------------------------
+
+
+def _patch_launcher(gloo_run: Any) -> None:
+    def register_shutdown_event(original):
+        def register():
+            event = original()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, _on_signal(signal.getsignal(signum)))
+            return event
+        return register
+
+    def create_rendezvous_handler(original):
+        def create(driver):
+            handler = original(driver)
+            job = _job(driver)
+            if job is None:
+                return handler
+
+            class Handler(handler):
+                def _put_value(self, scope, key, value):
+                    if scope == RESUMABLE_SCOPE and key == RESUMABLE_KEY and not job.resumable:
+                        job.resumable = True
+                        log.info("hvd-elastic: a worker announced a durable checkpoint")
+                    super()._put_value(scope, key, value)
+
+            return Handler
+        return create
+
+    _wrap(gloo_run, "register_shutdown_event", register_shutdown_event)
+    _wrap(gloo_run, "create_rendezvous_handler", create_rendezvous_handler)
+
+
+class _Signalled:
+    """Set once horovodrun got SIGTERM or SIGINT: from then on one thread owns the way out."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def claim(self) -> bool:
+        """True for the first signal only."""
+        first = not self._event.is_set()
+        self._event.set()
+        return first
+
+    @staticmethod
+    def wait_exit() -> None:
+        while True:  # _stop_and_exit calls os._exit; a main thread that got here first waits for it
+            time.sleep(3600)
+
+
+_signalled = _Signalled()
+
+
+def _on_signal(previous: Any) -> Callable:
+    def handle(signum, frame):
+        if callable(previous):
+            previous(signum, frame)  # Horovod's: every worker session is terminated
+        if _drivers and _signalled.claim():
+            threading.Thread(target=_stop_and_exit, args=(signum,), name="hvd-elastic-signal", daemon=True).start()
+    return handle
+
+
+def _stop_and_exit(signum: int) -> None:
+    name = signal.Signals(signum).name
+    try:
+        sys.stderr.write(f"hvd-elastic: horovodrun got {name}: stopping the driver and its workers\n")
+        for driver in list(_drivers):
+            driver.stop(error_message=f"horovodrun got {name}")
+        _end_children(STOP_GRACE_S)
+    finally:
+        _exit(128 + signum)
+

@@ -1,0 +1,106 @@
+"""horovodrun's driver under hvd-elastic's rules (:mod:`hvd_elastic.horovodrun.rules`), on real jobs.
+
+Elastic horovodrun on two local hosts (``localhost``, ``127.0.0.1``) with a host-file discovery
+script, so the test drives membership; ``HVD_ELASTIC_DRIVER=1`` applies the rules to it as they
+apply by default to hvd-elastic's own discovery.  Each test is a failure that stock Horovod 0.28.1
+turns into a dead or wedged job, reproduced directly (no soak):
+
+* every worker of a round fails (both SIGKILLed at once): stock Horovod ends the job ("failure count
+  == 2 -> stop running"); here the driver starts a new world on the returning hosts, it resumes from
+  the checkpoint, and the job ends with the fault matrix's verdict;
+* the job falls below ``--min-np`` and the last worker dies while the driver waits for hosts: stock
+  Horovod records that worker at a barrier no round will fill and stays alive forever with no
+  worker, deaf to SIGTERM; here it ends once its wait times out;
+* SIGTERM while the driver waits for hosts: stock Horovod terminates the workers and keeps waiting
+  (``HOROVOD_ELASTIC_TIMEOUT``, 600 s by default); here it exits 143 at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from testbed import JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery
+from hvd_elastic.report.ledger import run_problems
+from hvd_elastic.training.checkpoint import CheckpointManager
+from hvd_elastic.training.events import EventLog
+
+pytestmark = pytest.mark.slow
+
+WAIT = 240.0  # hang guards, not speed bounds
+BOTH = "localhost:1\n127.0.0.1:1\n"
+
+
+def workers(out: Path) -> dict[str, psutil.Process]:
+    """The job's training processes by host (not the shells Horovod starts them through)."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "environ"], ad_value=None):
+        cmd = proc.info["cmdline"] or []
+        if cmd[1:3] == ["-m", "testbed.worker"] and str(out) in cmd:
+            found[(proc.info["environ"] or {}).get("HOROVOD_HOSTNAME")] = proc
+    return found
+
+
+def start(tmp_path: Path, *, min_np: int, **env: str) -> tuple[Job, Path, JsonLines]:
+    """The job on both hosts, training at world size 2 (``--samples`` keeps epochs short)."""
+    out = tmp_path / "job"
+    out.mkdir()
+    discovery = host_file_discovery(tmp_path / "hosts", BOTH)
+    cmd = [*horovodrun_elastic(discovery, 2, min_np, 2), sys.executable, "-m", "testbed.worker", "--out", out,
+           "--samples", "96", "--checkpoint-every", "3"]
+    job = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
+              logdir=tmp_path, name="horovodrun").start()
+    progress = JsonLines(out / "progress.jsonl")
+    job.wait_until("4 steps at world size 2", lambda: sum(r["size"] == 2 for r in progress.rows()) >= 4, WAIT)
+    job.wait_until("both workers", lambda: len(workers(out)) == 2, WAIT)
+    return job, out, progress
+
+
+def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the_same_job(tmp_path):
+    job, out, progress = start(tmp_path, min_np=2)
+    with job:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        for proc in workers(out).values():
+            proc.send_signal(signal.SIGKILL)
+        killed = time.time()
+        job.wait_until("a step at world size 2 after the kill",
+                       lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "hvd-elastic: every worker of the round failed (exit codes [137]): starting a new world" in log, log[-3000:]
+    assert "stop running" not in log, log[-3000:]
+    assert not run_problems(out), run_problems(out)
+    resumes = EventLog.read(out / "events.jsonl", event="resume")
+    assert len(resumes) == 1 and resumes[0]["step"] >= 3, resumes
+
+
+@pytest.mark.parametrize("then", ["last worker dies", "SIGTERM"])
+def test_horovodrun_below_min_np_ends_when_it_must(tmp_path, then):
+    job, out, _ = start(tmp_path, min_np=2, HOROVOD_ELASTIC_TIMEOUT="15")
+    with job:
+        (tmp_path / "hosts").write_text("localhost:1\n")  # 127.0.0.1 leaves for good: below --min-np
+        workers(out)["127.0.0.1"].send_signal(signal.SIGKILL)
+        time.sleep(3)  # the survivor has reset and the driver waits for a second host
+        began = time.monotonic()
+        if then == "SIGTERM":
+            os.kill(job.pid, signal.SIGTERM)
+        else:
+            workers(out)["localhost"].send_signal(signal.SIGKILL)
+        code = job.wait(60)  # stock Horovod: alive until SIGKILL (or, after SIGTERM, HOROVOD_ELASTIC_TIMEOUT)
+        took = time.monotonic() - began
+        assert not workers(out), "a worker outlived horovodrun"
+    log = job.read_log()
+    if then == "SIGTERM":
+        assert code == 128 + signal.SIGTERM, (code, log[-3000:])
+        assert took < 20, f"horovodrun took {took:.1f} s to end after SIGTERM"
+        assert "hvd-elastic: horovodrun got SIGTERM: stopping the driver and its workers" in log
+    else:
+        assert code == 1, (code, log[-3000:])
+        assert "failed to activate new hosts -> stop running" in log, log[-3000:]

@@ -1,0 +1,111 @@
+"""hvd_elastic.horovodrun in one process: when the rules apply, what a failed round decides, the hook's reach."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hvd_elastic.envvars import ConfigError
+from hvd_elastic.horovodrun import rules
+from hvd_elastic.horovodrun.hook import MODULE
+
+
+class Discovery:
+    def __init__(self, script: str):
+        self._discovery_script = script
+
+
+@pytest.mark.parametrize("script", [
+    "consul_hosts", "/opt/hvd-elastic/.venv/bin/consul_hosts --service horovod", "discovery/consul_hosts",
+    "env CONSUL_HTTP_ADDR=h:8500 consul_hosts", "hvd-elastic discover --tag gpu", "'/a b/consul_hosts'",
+])
+def test_the_rules_apply_to_hvd_elastics_discovery(script):
+    assert rules.applies(Discovery(script), environ={})
+
+
+@pytest.mark.parametrize("script", ["./discover.sh", "/etc/mpi/discover_hosts.sh", "my_consul_hosts.sh",
+                                    "hvd-elastic status"])
+def test_the_rules_leave_any_other_discovery_to_horovod(script):
+    assert not rules.applies(Discovery(script), environ={})
+
+
+def test_hvd_elastic_driver_decides_when_set():
+    assert rules.applies(Discovery("./discover.sh"), environ={"HVD_ELASTIC_DRIVER": "1"})
+    assert not rules.applies(Discovery("consul_hosts"), environ={"HVD_ELASTIC_DRIVER": "false"})
+    assert not rules.applies(object(), environ={})  # fixed hosts (-H): no script at all
+    with pytest.raises(ConfigError, match=r"^HVD_ELASTIC_DRIVER='auto' is not a boolean"):
+        rules.applies(Discovery("consul_hosts"), environ={"HVD_ELASTIC_DRIVER": "auto"})
+
+
+def test_a_round_in_which_every_worker_failed_restarts_only_from_a_checkpoint_and_not_forever():
+    job = rules.Job()
+    assert job.restart_refusal([137, 255]) is None  # nothing trained yet: a host lost at the job's first rendezvous
+    job.initialized = True
+    assert "no worker announced a durable checkpoint" in job.restart_refusal([137])
+    job.resumable = True
+    assert job.restart_refusal([134, 137]) is None
+    assert job.restart_refusal([1, 137]) is None  # one worker raised, another was killed: a fault, not a bug
+    assert "every worker exited 1" in job.restart_refusal([1])
+    job.all_failed = rules.ALL_FAILED_ROUNDS
+    assert f"{rules.ALL_FAILED_ROUNDS} such rounds in a row" in job.restart_refusal([137])
+
+
+def test_the_hook_patches_horovods_launcher_when_it_is_imported_and_only_then():
+    """In a fresh interpreter of this environment: the .pth line put the finder in place, importing the
+    launcher installs the rules, and a worker's imports (horovod.torch) do not."""
+    probe = (
+        "import sys\n"
+        "finders = [type(f).__name__ for f in sys.meta_path]\n"
+        "import horovod.torch\n"
+        f"assert {MODULE!r} not in sys.modules, 'a worker imported the launcher'\n"
+        f"import {MODULE} as g\n"
+        "from horovod.runner.elastic import driver\n"
+        "print(finders[0], g._hvd_elastic_rules, driver.ElasticDriver.stop.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["_Finder", "True", "hvd_elastic.horovodrun.rules"]
+    off = subprocess.run([sys.executable, "-c", probe.replace("print(finders[0], ", "print(")],
+                         capture_output=True, text=True, timeout=120, env={"HVD_ELASTIC_DRIVER": "0"})
+    assert off.returncode != 0 and "_hvd_elastic_rules" in off.stderr, "HVD_ELASTIC_DRIVER=0 still installed them"
+
+
+def test_another_horovod_is_left_alone_with_one_warning(monkeypatch, caplog):
+    import horovod
+    from horovod.runner import gloo_run
+
+    monkeypatch.setattr(horovod, "__version__", "0.29.0")
+    monkeypatch.delattr(gloo_run, "_hvd_elastic_rules", raising=False)
+    stop = gloo_run.ElasticDriver.stop
+    rules.install(gloo_run)
+    assert gloo_run.ElasticDriver.stop is stop
+    assert "written for Horovod 0.28.1, found 0.29.0" in caplog.text
+
+
+def test_the_default_cooldown_doubles_only_for_failures_close_together():
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from horovod.runner.elastic.discovery import HostManager, HostState
+
+    driver = SimpleNamespace(_host_manager=HostManager(None, rules.COOLDOWN), _wait_hosts_cond=threading.Condition())
+    driver._host_manager._hosts_state["early"].blacklist()  # a state the discovery thread made before the swap
+    rules._forget_old_failures(driver, HostState)
+    states = driver._host_manager._hosts_state
+    assert states["early"].is_blacklisted() and states["early"]._blacklist_count == 1
+
+    def fail_again(host: str, last_failure_ago: float) -> float:
+        state = states[host]
+        state._cooldown_period_end_ts = 0  # its previous cooldown is over
+        state._last_failure = time.time() - last_failure_ago
+        state.blacklist()
+        return state._cooldown_period_end_ts - time.time()
+
+    low = rules.COOLDOWN[0]
+    assert 2 * low - 1 < fail_again("flaky", 1e9) <= 3 * low  # a first failure: 4-6 s
+    assert 4 * low - 1 < fail_again("flaky", 5.0) <= 5 * low  # again soon after: doubled
+    assert 8 * low - 1 < fail_again("flaky", 5.0) <= 9 * low
+    assert 2 * low - 1 < fail_again("flaky", rules.DECAY_S + 1) <= 3 * low  # after a quiet spell: from the start
