@@ -77,6 +77,7 @@ CHECKPOINT_WAIT_S = 30.0  # how long checkpoint-cut waits for a write to begin b
 JOB_DIED = "job-died"  # the log's kind for a relaunch by hvd-elastic launch (see Soak._note_relaunches)
 JOB_STUCK = "job-stuck"  # ... of a job launch ended for making no progress (--stall-timeout)
 DETECT_S = 30.0  # a reset this soon after a fault is the fault's (the TTL, the lost-host cut and Gloo's 30 s fit)
+NEW, SPARE = "new", "spare"  # host states of a host-new fault's host: joined, and decommissioned since
 MAX_DRAWS = 4  # the schedule is drawn at most this many times per fault asked for
 
 
@@ -156,14 +157,23 @@ def _host_leave(soak: "Soak", host: str):
 
 
 def _room_for_a_host(soak: "Soak", host: None) -> None:
-    if len(soak.cluster.bed.hosts) >= soak.config.max_hosts:
-        raise Skip(f"the bed has {len(soak.cluster.bed.hosts)} hosts, "
-                   f"the most this soak adds to ({soak.config.max_hosts})")
+    if not soak.spares() and len(soak.cluster.bed.hosts) >= soak.config.max_hosts:
+        raise Skip(f"the bed has {len(soak.cluster.bed.hosts)} hosts, the most this soak adds to "
+                   f"({soak.config.max_hosts}), and none is a spare")
 
 
 def _host_new(soak: "Soak", host: None):
-    soak.state[soak.cluster.add_host()] = "up"
-    return []
+    # A spare (a host this soak added and later decommissioned) boots again, else the bed grows by one; either
+    # way the host is decommissioned after a hold, so joins keep coming however long the soak runs.
+    spares = soak.spares()
+    if spares:
+        host = soak.rng.choice(spares)
+        soak.cluster.start_agent(host)
+    else:
+        host = soak.cluster.add_host()
+    soak.state[host] = NEW
+    soak.note["host"] = host
+    return [("decommission", lambda: (soak.cluster.agents[host].stop(), SPARE)[1])]
 
 
 def _pick_consul_agent(soak: "Soak", host: None) -> None:
@@ -214,7 +224,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("drain", "host", True, _drain, "hvd-elastic drain, undrain later"),
     Fault("agent-death", "host", True, _agent_death, "SIGKILL the node agent (TTL expiry), restart later"),
     Fault("host-leave", "host", True, _host_leave, "the node agent deregisters (SIGTERM); the host returns later"),
-    Fault("host-new", "none", False, _host_new, "a new host boots and registers", _room_for_a_host),
+    Fault("host-new", "none", False, _host_new,
+          "a new host (or a spare) boots and registers; decommissioned after a hold", _room_for_a_host),
     Fault("consul-restart", "none", False, _consul_restart,
           "a Consul agent (launcher's, a host's or the leading server) restarts", _pick_consul_agent),
     Fault("job-kill", "job", False, _job_kill, "SIGKILL the whole job, relaunch from the newest checkpoint"),
@@ -308,7 +319,8 @@ class Soak:
     def __init__(self, cluster: ElasticCluster, config: SoakConfig, out: Path | None = None):
         self.cluster, self.config = cluster, config.validate()
         self.out = Path(out or cluster.workdir / "soak")
-        self.state: dict[str, str] = {h: "up" for h in cluster.bed.hosts}  # "up" or what impairs it
+        # "up", what impairs it, NEW (joined by host-new: only its decommission touches it) or SPARE (decommissioned)
+        self.state: dict[str, str] = {h: "up" for h in cluster.bed.hosts}
         self.followups: list[FollowUp] = []  # due ones first
         self.job: TrainingJob | None = None
         self.rng = random.Random()
@@ -355,7 +367,7 @@ class Soak:
             self._run_followup(self.followups.pop(0))
         # Every host healthy again: the job should grow back to all of them.  One that does not is a finding
         # (what discovery printed is kept with it), not a broken promise of the verdict.
-        full = len(self.state) * self.cluster.slots
+        full = sum(1 for s in self.state.values() if s != SPARE) * self.cluster.slots
         try:
             self.cluster.wait_steps(self.job, size=full, steps=3, since=time.time(), timeout=self.config.bound)
         except JobError:
@@ -378,7 +390,7 @@ class Soak:
                 self.state[host] = fault.name
             self._act(number, kind, "inject", host, fault.doc)
             for what, do in fault.inject(self, host):
-                self._follow(number, kind, host, what, do)
+                self._follow(number, kind, host or self.note["host"], what, do)  # a "none" fault names its host
             self.counts["injected"] += 1
             return True
         except Skip as why:
@@ -395,7 +407,7 @@ class Soak:
         if fault.target == "member":
             members = {w["host"] for w in self.cluster.workers(self.job)}
             healthy = [h for h in healthy if h in members]
-        impaired = sum(1 for s in self.state.values() if s != "up")
+        impaired = sum(1 for s in self.state.values() if s not in ("up", NEW, SPARE))
         if fault.leaves and impaired >= self.config.max_impaired:
             raise Skip(f"{impaired} hosts impaired already, the most at once ({self.config.max_impaired})")
         if fault.leaves and len(self.healthy()) - 1 < self.config.min_np and not self.config.below_min_np:
@@ -408,6 +420,9 @@ class Soak:
     def healthy(self) -> list[str]:
         return sorted(h for h, s in self.state.items() if s == "up")
 
+    def spares(self) -> list[str]:
+        return sorted(h for h, s in self.state.items() if s == SPARE)
+
     def _follow(self, number: int, kind: str, host: str, what: str, do: Callable[[], object]) -> None:
         after = max([f.due for f in self.followups if f.fault == number], default=time.monotonic())
         self.followups.append(FollowUp(after + self.rng.uniform(*self.config.hold), number, kind, host, what, do))
@@ -415,9 +430,9 @@ class Soak:
 
     def _run_followup(self, followup: FollowUp) -> None:
         self._act(followup.fault, followup.kind, followup.what, followup.host, "")
-        followup.do()
+        after = followup.do()
         if not any(f.fault == followup.fault for f in self.followups):
-            self.state[followup.host] = "up"  # its last follow-up ran
+            self.state[followup.host] = SPARE if after == SPARE else "up"  # its last follow-up ran
 
     def idle_while(self, waiting: Callable[[], bool], timeout: float) -> None:
         """Run due follow-ups and watch the job while ``waiting()`` holds (at most ``timeout`` s)."""

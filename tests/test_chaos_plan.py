@@ -49,3 +49,52 @@ def test_percentiles():
     assert percentiles([4.0]) == {"p50": 4.0, "p90": 4.0, "max": 4.0, "n": 1}
     got = percentiles([float(x) for x in range(1, 11)])
     assert got["p50"] == 5.5 and got["max"] == 10.0 and 9.0 <= got["p90"] <= 10.0
+
+
+class _Agent:
+    def __init__(self, log: list, host: str):
+        self.log, self.host = log, host
+
+    def stop(self):
+        self.log.append(("stop agent", self.host))
+
+
+class _Cluster:
+    """What a host-new fault touches of ElasticCluster: the bed's hosts and the node agents."""
+
+    slots = 1
+
+    def __init__(self, workdir, hosts: int):
+        self.workdir, self.log = workdir, []
+        self.bed = type("Bed", (), {"hosts": {f"h{i}": None for i in range(1, hosts + 1)}})()
+        self.agents = {}
+
+    def add_host(self) -> str:
+        host = f"h{len(self.bed.hosts) + 1}"
+        self.bed.hosts[host] = None
+        self.start_agent(host)
+        return host
+
+    def start_agent(self, host: str) -> None:
+        self.log.append(("start agent", host))
+        self.agents[host] = _Agent(self.log, host)
+
+
+def test_host_new_keeps_joining_once_the_bed_is_full(tmp_path):
+    """Before: hosts added by host-new stayed for good, so once the bed reached max_hosts every later
+    host-new was a skip (1 injected and 19 skipped in the 200-fault soak).  Now each is decommissioned
+    after a hold and a later host-new boots it again."""
+    from testbed.chaos import NEW, SPARE, Soak
+
+    (tmp_path / "soak").mkdir()
+    cluster = _Cluster(tmp_path, hosts=2)
+    soak = Soak(cluster, SoakConfig(seed=1, hosts=2, max_hosts=3, min_np=1, kinds=("host-new",)))
+    assert soak.inject(0, "host-new") and soak.state["h3"] == NEW
+    assert not soak.inject(1, "host-new")  # full, and no spare yet
+    (followup,) = soak.followups
+    soak.followups.clear()
+    soak._run_followup(followup)
+    assert followup.host == "h3" and soak.state["h3"] == SPARE and soak.spares() == ["h3"]
+    assert soak.inject(2, "host-new") and soak.state["h3"] == NEW  # the spare boots again
+    assert cluster.log == [("start agent", "h3"), ("stop agent", "h3"), ("start agent", "h3")]
+    assert soak.counts == {"injected": 2, "skipped": 1, "job_deaths": 0}
