@@ -157,6 +157,12 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 
 
 def _patch_driver(cls: Any, host_state: type) -> None:
+    _patch_driver_init(cls, host_state)
+    _patch_driver_lifecycle(cls)
+
+
+def _patch_driver_init(cls: Any, host_state: type) -> None:
+    """Rule 1, and whether the rules apply to this driver at all."""
     signature = inspect.signature(cls.__init__)
 
     def init(original):
@@ -182,6 +188,12 @@ def _patch_driver(cls: Any, host_state: type) -> None:
             if job is not None and job.decay:
                 _forget_old_failures(self, host_state)
         return __init__
+
+    _wrap(cls, "__init__", init)
+
+
+def _patch_driver_lifecycle(cls: Any) -> None:
+    """What rules 2-4 learn from the driver (exit codes, registrations) and add to its stop and its end."""
 
     def handle_worker_exit(original):
         def _handle_worker_exit(self, slot_info, exit_code, timestamp):
@@ -224,7 +236,6 @@ def _patch_driver(cls: Any, host_state: type) -> None:
             return results
         return get_results
 
-    _wrap(cls, "__init__", init)
     _wrap(cls, "_handle_worker_exit", handle_worker_exit)
     _wrap(cls, "stop", stop)
     _wrap(cls, "register_worker_server", register_worker_server)
