@@ -8,6 +8,9 @@ turns into a dead or wedged job, reproduced directly (no soak):
 * every worker of a round fails (both SIGKILLed at once): stock Horovod ends the job ("failure count
   == 2 -> stop running"); here the driver starts a new world on the returning hosts, it resumes from
   the checkpoint, and the job ends with the fault matrix's verdict;
+* a host is lost during the job's first rendezvous (its worker ends before ``hvd.init()``): the
+  others abort once Gloo's rendezvous times out, so every worker of the round failed and stock
+  Horovod ends the job; here nothing had trained, so the driver starts a new world without it;
 * the job falls below ``--min-np`` and the last worker dies while the driver waits for hosts: stock
   Horovod records that worker at a barrier no round will fill and stays alive forever with no
   worker, deaf to SIGTERM; here it ends once its wait times out;
@@ -21,12 +24,13 @@ import os
 import signal
 import sys
 import time
+import json
 from pathlib import Path
 
 import psutil
 import pytest
 
-from testbed import JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery
+from testbed import VENV_BIN, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery
 from hvd_elastic.report.ledger import run_problems
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
@@ -81,9 +85,29 @@ def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the
     assert len(resumes) == 1 and resumes[0]["step"] >= 3, resumes
 
 
+def test_a_host_lost_during_the_first_rendezvous_does_not_end_the_job(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    hosts = tmp_path / "hosts"
+    cmd = [*horovodrun_elastic(host_file_discovery(hosts, BOTH), 2, 1, 2), sys.executable,
+           Path(__file__).parents[1] / "training_run" / "worker_train.py"]
+    env = child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="10", OUT_DIR=str(out), EPOCHS="1",
+                    FAIL_ON_HOST="127.0.0.1", PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+    with Job(cmd, env=env, logdir=tmp_path, name="horovodrun").start() as job:
+        job.wait_until("127.0.0.1's worker to end before hvd.init()",
+                       lambda: "exit with status code 3" in job.read_log(), WAIT)
+        hosts.write_text("localhost:1\n")  # the host is gone for good
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "hvd-elastic: every worker of the round failed (exit codes [" in log, log[-3000:]
+    assert "starting a new world" in log and "stop running" not in log, log[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["size"] == 1 and result["offset"] == 256, result  # the whole epoch, on the host that stayed
+
+
 @pytest.mark.parametrize("then", ["last worker dies", "SIGTERM"])
 def test_horovodrun_below_min_np_ends_when_it_must(tmp_path, then):
-    job, out, _ = start(tmp_path, min_np=2, HOROVOD_ELASTIC_TIMEOUT="15")
+    job, out, _ = start(tmp_path, min_np=2, HOROVOD_ELASTIC_TIMEOUT="8")
     with job:
         (tmp_path / "hosts").write_text("localhost:1\n")  # 127.0.0.1 leaves for good: below --min-np
         workers(out)["127.0.0.1"].send_signal(signal.SIGKILL)
