@@ -13,7 +13,7 @@ keeps Horovod's):
    becomes :data:`COOLDOWN`: a failed host returns once discovery lists it
    again (Consul calls it healthy) and its cooldown has passed, 4-6 s after
    its first failure, doubling with each later one that comes within
-   :data:`DECAY_S` of the one before, up to 300 s: a flapping host is held
+   :data:`DECAY_S` of the one before, up to 60 s: a flapping host is held
    off longer and longer instead of resetting the job in a loop, and a host
    that fails now and then starts again from 4-6 s.  An explicit
    ``--blacklist-cooldown-range`` is kept as given (Horovod's count, which
@@ -75,9 +75,11 @@ from hvd_elastic.horovodrun.hook import ENV
 log = logging.getLogger("hvd_elastic.horovodrun")
 
 SUPPORTED = ("0.28.1",)
-COOLDOWN = (2, 300)  # seconds: Horovod's own cooldown formula, min * 2**failures + jitter, capped at max
+# Seconds: Horovod's own cooldown formula, min * 2**failures + jitter, capped at max.  A 300 s cap held hosts
+# out so long under a fault every 12 s that the 200-fault soak trained 14% of the time (benchmarks/README.md).
+COOLDOWN = (2, 60)
 ALL_FAILED_ROUNDS = 3
-DECAY_S = 600.0  # a host's failures count toward a longer cooldown only when they come this close together
+DECAY_S = 120.0  # a host's failures count toward a longer cooldown only when they come this close together
 STOP_GRACE_S = 30.0  # Horovod terminates a worker in at most 10 s (5 s SIGTERM grace, then SIGKILL, 5 s wait)
 EXCEPTION_EXIT = 1  # what an uncaught Python exception in the training code exits with
 
