@@ -224,7 +224,11 @@ class NetnsBed:
              "-o", f"AuthorizedKeysFile={keys / 'id_ed25519.pub'}", "-o", "PidFile=none",
              "-o", "PermitRootLogin=prohibit-password", "-o", "StrictModes=no", "-o", "UsePAM=no",
              "-o", "UseDNS=no", "-o", "PrintMotd=no", "-o", "MaxStartups=100:30:200",
-             "-o", "ClientAliveInterval=2", "-o", "ClientAliveCountMax=3"],
+             "-o", "ClientAliveInterval=2", "-o", "ClientAliveCountMax=3",
+             # bash sources ~/.bashrc for a command run by sshd only at shell level 1.  This machine's .bashrc
+             # runs `pyenv rehash`, whose lock a host fault that SIGKILLs it leaves behind: every later session
+             # then waits 60 s for it (seen in the 200-fault soak, and it failed every bed test after it).
+             "-o", "SetEnv=SHLVL=1"],
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log_file.close()
