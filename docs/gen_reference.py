@@ -199,7 +199,7 @@ def environment_page() -> str:
         f"Every `HVD_ELASTIC_*` variable the package names ({len(scanned)}), found by scanning `hvd_elastic/`. A "
         "variable that is the default of a flag is shown with that flag's own help (a flag always wins over its "
         "variable); the others are described from the modules that read them. A boolean is read as Consul "
-        f"reads its own (Go's `strconv.ParseBool`): {words(envvars._TRUE)} are true, {words(envvars._FALSE)} "
+        f"reads its own (Go's `strconv.ParseBool`): {words(envvars.TRUE)} are true, {words(envvars.FALSE)} "
         "false; an empty variable is unset. The `CONSUL_*` variables are Consul's own: see "
         "[TLS and ACLs](../howto/tls-acls.md).",
         "",

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 
 # Go's strconv.ParseBool, which Consul's own CONSUL_HTTP_* variables go through.
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 class ConfigError(ValueError):
@@ -23,9 +23,9 @@ class ConfigError(ValueError):
 
 def parse_bool(name: str, value: str) -> bool:
     """Parse a boolean the way Go's ``strconv.ParseBool`` (and so Consul) does."""
-    if value in _TRUE:
+    if value in TRUE:
         return True
-    if value in _FALSE:
+    if value in FALSE:
         return False
     raise ConfigError(f"{name}={value!r} is not a boolean (expected one of 1, t, true, 0, f, false)")
 

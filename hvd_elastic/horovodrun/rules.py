@@ -97,7 +97,7 @@ class Job:
     initialized: bool = False  # a worker of this job got through hvd.init() (it registered with the driver)
     decay: bool = False  # the default cooldown, whose failure count decays (an explicit one is Horovod's as given)
     all_failed: int = 0
-    stopped_at: float | None = None
+    stopped: bool = False  # the driver's stop() ran: rule 3 and 4's guards are in place
 
     def restart_refusal(self, codes: list[int | None]) -> str | None:
         """Why a round in which every worker failed (with ``codes``) must end the job; None to restart it."""
@@ -217,8 +217,8 @@ def _patch_driver_lifecycle(cls: Any) -> None:
         def stop(self, error_message=None):
             original(self, error_message)
             job = _job(self)
-            if job is not None and job.stopped_at is None:
-                job.stopped_at = time.monotonic()
+            if job is not None and not job.stopped:
+                job.stopped = True
                 with self._wait_hosts_cond:
                     self._wait_hosts_cond.notify_all()  # a wait for slots sees the shutdown now, not at its timeout
                 barrier = getattr(self._worker_registry, "_barrier", None)

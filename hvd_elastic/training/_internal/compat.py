@@ -54,6 +54,11 @@ address at ``/global/RANK``;         against its driver: a changed protocol
 ``hvd.init()`` reads                 shows there
 ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/
 ``_PORT`` with ``getenv``
+the frame that iterates an           :func:`hvd_elastic.training.sampler.
+``ExactlyOnceSampler`` (its          _refuse_as_plain_sampler` tells
+``self``: a DataLoader iterator or   ``sampler=`` from ``batch_sampler=``;
+a ``BatchSampler``), read with       ``tests/training_state/test_api_misuse.py``
+``sys._getframe``                    shows a change
 =================================== ============================================
 """
 
