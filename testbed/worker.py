@@ -46,6 +46,7 @@ import copy
 import importlib
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -85,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--import", dest="imports", default="", metavar="MOD[,MOD...]",
                         help="modules to import before hvd.init(), as a real script's heavy imports "
                              "(the start-up a joining worker costs)")
+    parser.add_argument("--fail-on-host", metavar="HOST",
+                        help="tests only: a worker started on HOST (HOROVOD_HOSTNAME) exits 3 before hvd.init(): "
+                             "a host lost between its start and its rendezvous")
     parser.add_argument("--broken-restore", action="store_true",
                         help="tests only: restore() leaves model, optimizer and scheduler as they are")
     return parser.parse_args(argv)
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     for module in filter(None, args.imports.split(",")):
         importlib.import_module(module)
     imported = time.time()  # after --import: a joining worker's start-up ends here
+    if args.fail_on_host and args.fail_on_host == os.environ.get("HOROVOD_HOSTNAME"):
+        sys.exit(3)
     hvd.init()  # a joining worker's rendezvous with the survivors happens in here
     torch.set_num_threads(1)
     evidence = FaultyEvidence(args.out, imported=imported)

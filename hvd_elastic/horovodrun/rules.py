@@ -4,7 +4,7 @@ Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
 ``gloo_run.py``) was written for a fixed pool of machines; under churn its
 rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
 hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
-with ``HVD_ELASTIC_DRIVER=1``, four of them change (``HVD_ELASTIC_DRIVER=0``
+with ``HVD_ELASTIC_DRIVER=1``, five of them change (``HVD_ELASTIC_DRIVER=0``
 keeps Horovod's):
 
 1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
@@ -39,6 +39,19 @@ keeps Horovod's):
    :data:`STOP_GRACE_S`, then they are SIGKILLed); and once the driver stopped
    for any reason, a process still alive :data:`STOP_GRACE_S` later prints
    every thread's stack and exits 1, so it never outlives its job.
+5. **A world that lost a worker before it formed is given up at once.**  Gloo's
+   rendezvous inside ``hvd.init()`` waits ``HOROVOD_GLOO_TIMEOUT_SECONDS`` for
+   every rank and then aborts the process, so in Horovod a host lost while the
+   others re-initialise costs that whole timeout and every survivor's state.
+   Once a worker of the current world exits with a failure (a crash, or
+   discovery's reaper ending the session of a host Consul judged lost), the
+   driver marks the world doomed in its store (:data:`WORLD_PATH`): survivors
+   waiting to enter ``hvd.init()`` ask for their place in the next world
+   instead and keep their state (:mod:`hvd_elastic.training._internal.rendezvous`),
+   and a request of Gloo's own rendezvous for that world is answered 503, so a
+   process already inside it fails in about 1.5 s (Horovod's client retries
+   three times) instead of waiting out the timeout.  The store is cleared when
+   the next world starts.
 
 Contract:
 
@@ -46,6 +59,9 @@ Contract:
   :func:`install` is idempotent, and with a Horovod other than
   :data:`SUPPORTED` (or a missing attribute) it logs one warning and leaves
   Horovod as it is.
+* Rule 5 costs a world nothing until a worker fails: the driver answers
+  :data:`WORLD_PATH` from its memory, and only Gloo's requests of a doomed
+  world change.
 * Exit codes added: ``128 + signum`` after SIGTERM/SIGINT; 1 when the process
   had to be ended :data:`STOP_GRACE_S` after its driver stopped.  Every other
   exit is horovodrun's.
@@ -56,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import re
@@ -69,7 +86,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_elastic.envvars import ConfigError, parse_bool
-from hvd_elastic.horovodrun import RESUMABLE_KEY, RESUMABLE_SCOPE
+from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY
 from hvd_elastic.horovodrun.hook import ENV
 
 log = logging.getLogger("hvd_elastic.horovodrun")
@@ -125,13 +142,16 @@ def install(gloo_run: Any) -> None:
         return
     import horovod
     from horovod.runner.elastic import discovery, driver, registration
+    from horovod.runner.http import http_server
 
     version = getattr(horovod, "__version__", "?")
     needed = [(driver.ElasticDriver, ("__init__", "_handle_worker_exit", "stop", "finished", "get_results",
                                       "register_worker_server")),
               (discovery.HostState, ("blacklist",)),
               (registration.WorkerStateRegistry, ("_on_workers_recorded", "_wait")),
-              (gloo_run, ("register_shutdown_event", "create_rendezvous_handler"))]
+              (gloo_run, ("register_shutdown_event", "create_rendezvous_handler")),
+              (http_server.RendezvousHTTPServer, ("init",)),
+              (http_server.KVStoreHandler, ("send_status_code", "_get_value"))]
     missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, names in needed for name in names
                if not hasattr(owner, name)]
     if version not in SUPPORTED or missing:
@@ -202,6 +222,9 @@ def _patch_driver_lifecycle(cls: Any) -> None:
             job = _job(self)
             if job is not None:
                 job.exits[(slot_info.hostname, slot_info.local_rank)] = exit_code
+                if exit_code != 0 and not self.finished() and \
+                        self.has_rank_assignment(slot_info.hostname, slot_info.local_rank):
+                    _doom(self, f"{slot_info.hostname}[{slot_info.local_rank}] exited {exit_code}")
             return original(self, slot_info, exit_code, timestamp)
         return _handle_worker_exit
 
@@ -399,8 +422,20 @@ def _patch_launcher(gloo_run: Any) -> None:
                 return handler
 
             class Handler(handler):
+                def do_GET(self):
+                    parts = self.path.split("/")
+                    if len(parts) == 3 and _is_gloo_scope(parts[1]) and _doomed(self.server):
+                        self.send_status_code(503)  # rule 5: this world will never form
+                        return
+                    super().do_GET()
+
+                def _get_value(self, scope, key):
+                    if scope == SCOPE and key == WORLD_KEY:
+                        return _world(driver, self.server)
+                    return super()._get_value(scope, key)
+
                 def _put_value(self, scope, key, value):
-                    if scope == RESUMABLE_SCOPE and key == RESUMABLE_KEY and not job.resumable:
+                    if scope == SCOPE and key == RESUMABLE_KEY and not job.resumable:
                         job.resumable = True
                         log.info("hvd-elastic: a worker announced a durable checkpoint")
                     super()._put_value(scope, key, value)
@@ -410,6 +445,44 @@ def _patch_launcher(gloo_run: Any) -> None:
 
     _wrap(gloo_run, "register_shutdown_event", register_shutdown_event)
     _wrap(gloo_run, "create_rendezvous_handler", create_rendezvous_handler)
+
+
+# -- rule 5: the forming world's state, in the driver's store ------------------------------------------------
+
+_DOOMED_KEY = "doomed"  # in SCOPE, so the store's clearing at the next world's start lifts it
+
+
+def _doom(driver: Any, why: str) -> None:
+    server = getattr(driver._rendezvous, "_httpd", None)
+    if server is None:
+        return  # not started: no world to give up
+    with server.cache_lock:
+        scope = server.cache.setdefault(SCOPE, {})
+        first = _DOOMED_KEY not in scope
+        scope[_DOOMED_KEY] = why.encode()
+    if first:
+        log.warning("hvd-elastic: %s: this world cannot form any more; its workers are sent on to the next", why)
+
+
+def _doomed(server: Any) -> bool:
+    with server.cache_lock:
+        return _DOOMED_KEY in server.cache.get(SCOPE, {})
+
+
+def _is_gloo_scope(scope: str) -> bool:
+    # Gloo's three contexts (horovod/common/gloo/gloo_context.cc), as http_server.py sizes them.
+    return scope == "global" or scope.startswith(("local_", "cross_"))
+
+
+def _world(driver: Any, server: Any) -> bytes:
+    """The forming world, as :data:`hvd_elastic.horovodrun.WORLD_PATH` documents it."""
+    assignments = dict(driver._rank_assignments)  # replaced whole at every world's start, never mutated
+    with server.cache_lock:
+        doomed = server.cache.get(SCOPE, {}).get(_DOOMED_KEY, b"").decode()
+        keys = set(server.cache.get(READY_SCOPE, {})) | set(server.cache.get("global", {}))
+    present = sorted(int(key) for key in keys if key.isdigit())
+    hosts = [assignments[rank].hostname for rank in sorted(assignments)]
+    return json.dumps({"hosts": hosts, "present": present, "doomed": doomed}).encode()
 
 
 class _Signalled:

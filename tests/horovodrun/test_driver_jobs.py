@@ -15,13 +15,17 @@ turns into a dead or wedged job, reproduced directly (no soak):
   Horovod records that worker at a barrier no round will fill and stays alive forever with no
   worker, deaf to SIGTERM; here it ends once its wait times out;
 * SIGTERM while the driver waits for hosts: stock Horovod terminates the workers and keeps waiting
-  (``HOROVOD_ELASTIC_TIMEOUT``, 600 s by default); here it exits 143 at once.
+  (``HOROVOD_ELASTIC_TIMEOUT``, 600 s by default); here it exits 143 at once;
+* a host of the next world is lost while the survivors re-initialise (the newcomer's worker ends
+  before ``hvd.init()``): stock Horovod's survivors wait out Gloo's rendezvous timeout inside
+  ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 import json
@@ -51,13 +55,14 @@ def workers(out: Path) -> dict[str, psutil.Process]:
     return found
 
 
-def start(tmp_path: Path, *, min_np: int, **env: str) -> tuple[Job, Path, JsonLines]:
+def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...] = (),
+          **env: str) -> tuple[Job, Path, JsonLines]:
     """The job on both hosts, training at world size 2 (``--samples`` keeps epochs short)."""
     out = tmp_path / "job"
     out.mkdir()
     discovery = host_file_discovery(tmp_path / "hosts", BOTH)
-    cmd = [*horovodrun_elastic(discovery, 2, min_np, 2), sys.executable, "-m", "testbed.worker", "--out", out,
-           "--samples", "96", "--checkpoint-every", "3"]
+    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np), sys.executable, "-m", "testbed.worker", "--out", out,
+           "--samples", "96", "--checkpoint-every", "3", *args]
     job = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
               logdir=tmp_path, name="horovodrun").start()
     progress = JsonLines(out / "progress.jsonl")
@@ -128,3 +133,42 @@ def test_horovodrun_below_min_np_ends_when_it_must(tmp_path, then):
     else:
         assert code == 1, (code, log[-3000:])
         assert "failed to activate new hosts -> stop running" in log, log[-3000:]
+
+
+def third_local_host() -> str:
+    """A third name horovodrun runs on this machine without ssh: the machine's own host name."""
+    name = socket.gethostname()
+    address = socket.gethostbyname(name)
+    local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    assert name not in ("localhost", "127.0.0.1") and address in local, \
+        f"this test needs the host name {name!r} to resolve to an address of this machine (got {address})"
+    return name
+
+
+@pytest.mark.parametrize("join_ahead", ["0", "1"])
+def test_a_host_lost_while_the_survivors_reinitialise_costs_them_no_state(tmp_path, join_ahead):
+    lost = third_local_host()
+    # Join-ahead off: the survivors leave their world for the newcomer at once, as in a reset for a failure;
+    # on: they train on while asking, and the doomed world sends them back to asking at once.
+    job, out, progress = start(tmp_path, min_np=2, max_np=3, args=("--fail-on-host", lost),
+                               HVD_ELASTIC_JOIN_AHEAD=join_ahead)
+    with job:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        survivors = {host: proc.pid for host, proc in workers(out).items()}
+        (tmp_path / "hosts").write_text(BOTH + f"{lost}:1\n")
+        job.wait_until(f"{lost}'s worker to end before hvd.init()", lambda: "exit with status code 3" in job.read_log(),
+                       WAIT)
+        (tmp_path / "hosts").write_text(BOTH)  # the host is gone for good
+        ended = time.time()
+        job.wait_until("a step at world size 2 after the loss",
+                       lambda: any(r["time"] > ended and r["size"] == 2 for r in progress.rows()), WAIT)
+        assert {host: proc.pid for host, proc in workers(out).items()} == survivors, "a survivor was restarted"
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "exited 3: this world cannot form any more" in log, log[-3000:]
+    if join_ahead == "1":  # rank 0 left the question at once, not after Gloo's rendezvous timeout
+        assert "join ahead: the new world cannot form" in log, log[-3000:]
+    assert "Wait timeout" not in log and "every worker of the round failed" not in log, log[-3000:]
+    assert not EventLog.read(out / "events.jsonl", event="resume"), "the survivors resumed from a checkpoint"
+    assert not run_problems(out), run_problems(out)

@@ -109,3 +109,46 @@ def test_the_default_cooldown_doubles_only_for_failures_close_together():
     assert 4 * low - 1 < fail_again("flaky", 5.0) <= 5 * low  # again soon after: doubled
     assert 8 * low - 1 < fail_again("flaky", 5.0) <= 9 * low
     assert 2 * low - 1 < fail_again("flaky", rules.DECAY_S + 1) <= 3 * low  # after a quiet spell: from the start
+
+
+def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
+    """Rule 5 on Horovod's own rendezvous server: the world as the driver tells it, the ranks that arrived
+    (ready or already in Gloo's rendezvous), and Gloo's requests of a doomed world answered 503."""
+    from types import SimpleNamespace
+
+    from horovod.runner import gloo_run
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+    from hvd_elastic.training._internal.rendezvous import Server
+
+    def plan(*hosts):
+        return [SlotInfo(host, rank, 0, rank, len(hosts), 1, len(hosts)) for rank, host in enumerate(hosts)]
+
+    rules.install(gloo_run)
+    server = RendezvousServer()
+    driver = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server)
+    port = server.start(gloo_run.create_rendezvous_handler(driver))
+    try:
+        first = plan("a", "b", "c")
+        server.init(first)
+        driver._rank_assignments = {slot.rank: slot for slot in first}
+        client = Server("127.0.0.1", port)
+        assert client.world().hosts == ("a", "b", "c") and not client.world().present
+        client.request("PUT", "/hvd_elastic_ready/0", b"a")
+        client.request("PUT", "/global/2", b"gloo address")
+        assert client.world().present == {0, 2} and client.world().doomed == ""
+        assert client.request("GET", "/global/2")[0] == 200
+
+        rules._doom(driver, "c[0] exited 3")
+        assert client.world().doomed == "c[0] exited 3"
+        assert [client.request("GET", path)[0] for path in ("/global/2", "/local_a/0", "/cross_0/1")] == [503] * 3
+        assert client.request("GET", "/hvd_elastic_ready/0")[0] == 200  # only Gloo's rendezvous is refused
+
+        second = plan("a", "b")
+        server.init(second)  # the next world starts: the store, and the doom with it, are cleared
+        driver._rank_assignments = {slot.rank: slot for slot in second}
+        world = client.world()
+        assert (world.hosts, world.present, world.doomed) == (("a", "b"), frozenset(), "")
+        assert client.request("GET", "/global/2")[0] == 404
+    finally:
+        server.stop()

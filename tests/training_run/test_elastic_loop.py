@@ -45,10 +45,11 @@ def world(monkeypatch):
         calls.append(f"new_world({mine})")
         return mine, ["here", "there"]  # as if this rank alone decided
 
-    def reset(answer):
+    def reset(answer, gloo_timeout):
         calls.append("reset" if answer is None else f"reset({answer})")
         if len(sizes) > 1:
             sizes.pop(0)
+        return ()  # a driver without hvd-elastic's rules names no hosts
 
     monkeypatch.setattr(elastic_loop, "_new_world", new_world)
     monkeypatch.setattr(elastic_loop, "_reset", reset)
@@ -171,3 +172,21 @@ def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset
         "new_world(True)", "set_world(here,there)", "sync", "fn",
         "cut.stop",
     ]
+
+
+def test_the_health_cut_learns_the_new_worlds_hosts_from_the_driver_before_its_first_collective(world, monkeypatch):
+    calls = world["calls"]
+    monkeypatch.setenv(health_cut.ENV, "1")
+    monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
+    monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
+    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+
+    def reset(answer, gloo_timeout):
+        calls.append("reset")
+        return ("here", "elsewhere")  # what the driver rules said the new world is
+
+    monkeypatch.setattr(elastic_loop, "_reset", reset)
+    fn = failing(calls, [HorovodInternalError("peer lost")])
+
+    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert calls[4:9] == ["restore", "between_worlds", "reset", "set_world(here,elsewhere)", "on_reset"]

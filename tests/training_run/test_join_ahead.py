@@ -165,7 +165,7 @@ def test_added_hosts_train_on_until_the_newcomers_wait_at_the_rendezvous_then_go
 
 
 def test_a_newcomer_that_never_comes_ends_the_wait_after_gloos_timeout_and_asks_again(rank0, monkeypatch):
-    monkeypatch.setenv(join_ahead.GLOO_TIMEOUT_ENV, "0.4")
+    monkeypatch.setenv(rendezvous.GLOO_TIMEOUT_ENV, "0.4")
     host = Host()
     host.steady()
     host.notify(5.0, HostUpdateResult.added)
@@ -210,7 +210,7 @@ def test_switched_off_or_with_rare_commits_an_addition_stops_the_world_at_once(r
     assert type(host.commit()) is HostsUpdatedInterrupt
 
     monkeypatch.delenv(join_ahead.ENV)
-    monkeypatch.setenv(join_ahead.GLOO_TIMEOUT_ENV, "0.4")
+    monkeypatch.setenv(rendezvous.GLOO_TIMEOUT_ENV, "0.4")
     host = Host()
     host.commit()
     time.sleep(0.2)  # commits every 0.2 s: more than a quarter of the rendezvous timeout apart

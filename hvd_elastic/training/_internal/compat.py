@@ -51,9 +51,12 @@ HOST:LOCAL_RANK`` records the slot   them against Horovod's own server and
 ready and waits for the driver's     handler, and the bed's joins
 barrier; Gloo publishes each rank's  (``tests/multihost/test_standby_join.py``)
 address at ``/global/RANK``;         against its driver: a changed protocol
-``hvd.init()`` reads                 shows there
-``HOROVOD_GLOO_RENDEZVOUS_ADDR``/
-``_PORT`` with ``getenv``
+``hvd.init()`` reads                 shows there; the driver rules' side
+``HOROVOD_GLOO_RENDEZVOUS_ADDR``/    (:mod:`hvd_elastic.horovodrun.rules`: the
+``_PORT`` with ``getenv``; any        store's ``cache``, ``_rank_assignments``,
+answer but 200/404 makes Gloo's      Gloo's scope names) is gated by its own
+store client retry three times and   ``SUPPORTED`` and shown by
+throw (``http_store.cc``)            ``tests/horovodrun/``
 the frame that iterates an           :func:`hvd_elastic.training.sampler.
 ``ExactlyOnceSampler`` (its          _refuse_as_plain_sampler` tells
 ``self``: a DataLoader iterator or   ``sampler=`` from ``batch_sampler=``;

@@ -31,10 +31,17 @@ judges one of them lost (:mod:`.health_cut`).
 A :class:`.join_ahead.JoinInterrupt` (hosts added, the newcomers already
 waiting) carries this rank's place in the next world, which its
 re-initialisation takes from it instead of asking the driver again.
+
+Each reset enters ``hvd.init()`` only once the new world can form
+(:func:`.rendezvous.next_world`): a host lost meanwhile sends the survivors on
+to the next world with their state, where Gloo would have aborted them after
+its timeout.  The new world's hosts then go to the health cut before its
+first collective, so a host lost during the sync is cut too.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
@@ -42,6 +49,8 @@ import horovod.torch as hvd
 from hvd_elastic.training._internal import gloo_hangup, health_cut, join_ahead, objects, rendezvous
 from hvd_elastic.training._internal.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+log = logging.getLogger(__name__)
 
 
 def _new_world(needs_sync: bool) -> tuple[bool, list[str]]:
@@ -51,14 +60,28 @@ def _new_world(needs_sync: bool) -> tuple[bool, list[str]]:
     return any(needs for needs, _ in ranks), [host for _, host in ranks]
 
 
-def _reset(answer: str | None) -> None:
-    # What horovod.torch.elastic does between worlds: leave the old one, rendezvous anew.
+def _reset(answer: str | None, gloo_timeout: float) -> tuple[str, ...]:
+    """What horovod.torch.elastic does between worlds: leave the old one, rendezvous anew.  Returns the new
+    world's hosts by rank when the driver told them (else empty)."""
+    try:
+        local_rank = hvd.local_rank()  # the slot the driver knows this process by, as join_ahead asks
+    except ValueError:
+        local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
     hvd.shutdown()
+    hosts: tuple[str, ...] = ()
+    server = rendezvous.Server.from_env()
+    try:
+        if server is not None and server.world() is not None:
+            answer, hosts = rendezvous.next_world(server, os.environ.get("HOROVOD_HOSTNAME", ""), local_rank,
+                                                  answer, gloo_timeout)
+    except rendezvous.ERRORS as exc:
+        log.warning("the driver's rendezvous server failed a request (%s): re-initialising as Horovod does", exc)
     if answer is None:
         hvd.init()
-        return
-    with rendezvous.answered_init(answer):
-        hvd.init()
+    else:
+        with rendezvous.answered_init(answer):
+            hvd.init()
+    return hosts
 
 
 def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None, **kwargs):
@@ -76,6 +99,7 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     """
     # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
     loop_check_due = gloo_hangup.enabled()
+    gloo_timeout = rendezvous.gloo_timeout()  # a bad HOROVOD_GLOO_TIMEOUT_SECONDS is an error now too
     notification_manager.init()
     notification_manager.register_listener(state)
     cut = health_cut.start()
@@ -105,7 +129,9 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
                     skip_sync, answer = exc.skip_sync, getattr(exc, "answer", None)
                 if cut is not None:
                     cut.between_worlds()
-                _reset(answer)
+                hosts = _reset(answer, gloo_timeout)
+                if cut is not None and len(hosts) > 1:
+                    cut.set_world(hosts)  # before the first collective: a host lost in the sync is cut too
                 state.on_reset()
     finally:
         notification_manager.remove_listener(state)

@@ -30,8 +30,10 @@ broadcast from rank 0, which now carries a verdict as well.
     raises :class:`JoinInterrupt` with its answer; the reset re-initialises
     through :func:`.rendezvous.answered_init`.
 ``again``
-    Rank 0's question failed, or the newcomers did not come within Gloo's
-    rendezvous timeout (a stock join would have timed out as well).  The
+    Rank 0's question failed, the driver gave the new world up (a newcomer
+    failed, :mod:`hvd_elastic.horovodrun`'s rule 5), or the newcomers did not
+    come within Gloo's rendezvous timeout (a stock join would have timed out
+    as well).  The
     interrupt has no answer: the re-initialisation asks the driver again, as a
     stock reset does, which records the rank as leaving the world that never
     formed, and the driver starts the next world without the missing host.
@@ -57,7 +59,7 @@ import time
 from typing import Any, Callable
 
 import horovod.torch as hvd
-from hvd_elastic.envvars import env_bool, env_seconds
+from hvd_elastic.envvars import env_bool
 from hvd_elastic.training._internal import rendezvous
 from hvd_elastic.training._internal.compat import HostUpdateResult
 from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -65,8 +67,6 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 log = logging.getLogger(__name__)
 
 ENV = "HVD_ELASTIC_JOIN_AHEAD"
-GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-GLOO_TIMEOUT_DEFAULT_S = 30.0  # gloo_context.cc's default
 POLL_S = 0.02  # rank 0's look at the forming world's store
 ANSWER_WAIT_S = 10.0  # a rank's wait for its own answer once rank 0 has one (the driver sent both at once)
 
@@ -136,7 +136,14 @@ class Question:
         waiting: set[int] = set()
         while len(waiting) < size - old_size:
             try:
-                waiting |= server.waiting(set(range(size)) - waiting)
+                world = server.world()
+                if world is None:  # a driver without hvd-elastic's rules: ask Gloo's keys one by one
+                    waiting |= server.waiting(set(range(size)) - waiting)
+                elif world.doomed:  # a newcomer failed: this world will never form, ask again now
+                    self.error = RuntimeError(f"the new world cannot form: {world.doomed}")
+                    return
+                else:
+                    waiting = set(world.present)
             except rendezvous.ERRORS:
                 pass  # the driver is busy or gone: look again, the deadline ends the wait
             if len(waiting) < size - old_size and self._stop.wait(POLL_S):
@@ -154,7 +161,7 @@ class HostCheck:
         self._broadcast = broadcast
         self._enabled = enabled()
         self._server = rendezvous.Server.from_env()
-        self._deadline_s = env_seconds(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_DEFAULT_S)
+        self._deadline_s = rendezvous.gloo_timeout()
         self._held: list[tuple[float, int]] = []
         self._question: Question | None = None
         self._asked_timestamp = 0.0
@@ -228,7 +235,9 @@ class HostCheck:
     def _answer_for(self, verdict: str) -> str | None:
         question = self._question
         if verdict == AGAIN:
-            if hvd.rank() == 0:  # rank 0's verdict: one line per job, not per rank
+            if hvd.rank() == 0 and question is not None and isinstance(question.error, RuntimeError):
+                log.warning("join ahead: %s; re-initialising the stock way", question.error)
+            elif hvd.rank() == 0:  # rank 0's verdict: one line per job, not per rank
                 log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
                             "re-initialising the stock way", self._deadline_s, _why(question))
             return None

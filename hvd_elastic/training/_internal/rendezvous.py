@@ -21,6 +21,14 @@ it again at its re-initialisation: a second question would record it as
 leaving the world that has just started.  :func:`answered_init` runs
 ``hvd.init()`` against a :class:`Relay` on loopback that answers that question
 from the early answer and forwards every other request to the driver.
+
+Inside ``hvd.init()`` a rank is past saving: Gloo waits for every peer up to
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` and then aborts the process, state and all.
+So a survivor asks its question itself and enters ``hvd.init()`` only once
+every rank of the new world has arrived (:func:`next_world`): with
+horovodrun's driver rules (:mod:`hvd_elastic.horovodrun`), a world that lost
+a worker meanwhile is doomed, and the survivor asks again, for the world after
+it, with its state intact.
 """
 
 from __future__ import annotations
@@ -28,18 +36,27 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from hvd_elastic.horovodrun import RESUMABLE_PATH
+from hvd_elastic.envvars import env_seconds
+from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_PATH, WORLD_PATH
+
+log = logging.getLogger(__name__)
 
 ADDR_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 PORT_ENV = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 RANK_AND_SIZE = "rank_and_size"
 GLOBAL_SCOPE = "global"  # HOROVOD_GLOO_GLOBAL_PREFIX
 FORWARD_TIMEOUT_S = 30.0  # the relay's wait for the driver; the driver answers store requests at once
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+GLOO_TIMEOUT_DEFAULT_S = 30.0  # gloo_context.cc's default
+POLL_S = 0.05  # a forming world's poll: one small request to the driver (Gloo's own store polls every 10 ms)
 #: What a request to the server may raise when the driver is busy, gone or answers nonsense.
 ERRORS = (OSError, http.client.HTTPException)
 
@@ -82,17 +99,92 @@ class Server:
         """Tell horovodrun's driver rules that a durable checkpoint exists (:mod:`hvd_elastic.horovodrun`)."""
         self.request("PUT", RESUMABLE_PATH, body=b"1", timeout=5.0)
 
+    def world(self) -> World | None:
+        """The forming world as the driver rules see it; None from a driver without them (404)."""
+        status, body = self.request("GET", WORLD_PATH, timeout=5.0)
+        if status == 404:
+            return None
+        if status != 200:
+            raise OSError(f"rendezvous server {self.addr}:{self.port} answered {status} to {WORLD_PATH}")
+        fields = json.loads(body)
+        return World(tuple(fields["hosts"]), frozenset(fields["present"]), fields["doomed"])
+
     def waiting(self, ranks: Iterable[int]) -> set[int]:
         """Those of ``ranks`` that have published their address in the forming world."""
         return {rank for rank in ranks if self.request("GET", f"/{GLOBAL_SCOPE}/{rank}", timeout=5.0)[0] == 200}
 
 
-def world_size(answer: str) -> int:
-    """The new world's size in a ``rank_and_size`` answer (-1 when this slot is not in it)."""
+def gloo_timeout() -> float:
+    """How long Gloo's rendezvous inside ``hvd.init()`` waits for a peer (ConfigError for a bad value)."""
+    return env_seconds(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_DEFAULT_S)
+
+
+@dataclass(frozen=True)
+class World:
+    """A forming world: its hosts by rank, the ranks that arrived, and why it cannot form ('' while it can)."""
+
+    hosts: tuple[str, ...]
+    present: frozenset[int]
+    doomed: str
+
+
+def rank_and_size(answer: str) -> tuple[int, int]:
+    """This slot's rank and the new world's size in a ``rank_and_size`` answer (-1 when not in it)."""
     fields = answer.split(",")
     if len(fields) != 6:
         raise ValueError(f"rank_and_size answer {answer!r}: expected six comma-separated numbers")
-    return int(fields[1])
+    return int(fields[0]), int(fields[1])
+
+
+def world_size(answer: str) -> int:
+    """The new world's size in a ``rank_and_size`` answer (-1 when this slot is not in it)."""
+    return rank_and_size(answer)[1]
+
+
+def next_world(server: Server, host: str, local_rank: int, answer: str | None,
+               timeout: float) -> tuple[str, tuple[str, ...]]:
+    """This slot's answer for the next world that can form, and that world's hosts by rank.
+
+    Asks ``rank_and_size`` (unless ``answer`` is this slot's answer already),
+    says this rank is ready and waits until every rank is (or already in
+    Gloo's rendezvous); while the driver calls the world doomed, asks again
+    for the next one.  After ``timeout`` s without a verdict it returns, so
+    ``hvd.init()`` waits its own Gloo timeout as it would have; never longer.
+
+    Raises:
+        OSError, http.client.HTTPException: the question itself failed (the caller's ``hvd.init()`` asks it).
+    """
+    while True:
+        if answer is None:
+            answer = server.ask_rank_and_size(host, local_rank)
+        rank, size = rank_and_size(answer)
+        if rank < 0 or size < 2:
+            return answer, ()
+        try:
+            server.request("PUT", f"/{READY_SCOPE}/{rank}", body=host.encode(), timeout=5.0)
+            world = _arrivals(server, size, time.monotonic() + timeout)
+        except ERRORS as exc:
+            log.warning("could not follow the new world's arrivals (%s): entering hvd.init() now", exc)
+            return answer, ()
+        if not world.doomed:
+            return answer, world.hosts
+        log.warning("the new world of %d cannot form (%s): asking for the next one", size, world.doomed)
+        answer = None
+
+
+def _arrivals(server: Server, size: int, deadline: float) -> World:
+    while True:
+        world = server.world()
+        if world is None:
+            return World((), frozenset(), "")
+        if world.doomed or world.present >= set(range(size)):
+            return world
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(size)) - world.present)
+            log.warning("ranks %s of the new world did not arrive in time: entering hvd.init() without them, "
+                        "which waits HOROVOD_GLOO_TIMEOUT_SECONDS more", missing)
+            return world
+        time.sleep(POLL_S)
 
 
 class Relay(http.server.ThreadingHTTPServer):
