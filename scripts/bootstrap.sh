@@ -27,6 +27,8 @@ VENV=${HVD_ELASTIC_VENV:-$REPO/.venv}
 PYTHON=${PYTHON:-python3.11}
 TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
+TORCHFT_VERSION=0.2.0  # a peer of benchmarks/peers.py; its wheel needs these, not pinned by its metadata
+TORCHFT_DEPS=(opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2)
 # Open MPI for Horovod's MPI controller and mpi4py; sshd for the multi-host test bed's hosts; openssl for
 # the TLS tests' certificates; chromium for the docs test (the built site's quickstart rendered headless).
 APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-server openssl munge slurmctld slurmd slurm-client chromium)
@@ -142,6 +144,16 @@ run project "${PIP[@]}" install -q -e "$REPO[test,demo,docs]"
 # install does not (see setup.py).
 purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 run pth cp "$REPO/hvd_elastic_horovodrun.pth" "$purelib/"
+
+# 5b. The peers benchmarks/peers.py compares against (torchrun is torch's own): torchft with its Lighthouse, in a
+#     folder of its own that only that benchmark puts on PYTHONPATH, so nothing here changes the venv's pins.
+PEERS=$VENV/peers
+if [ ! -d "$PEERS/torchft-$TORCHFT_VERSION.dist-info" ]; then
+    say "installing torchft $TORCHFT_VERSION into $PEERS (benchmarks/peers.py)"
+    rm -rf "$PEERS"
+    run torchft "${PIP[@]}" install -q --target "$PEERS" --no-deps "torchft==$TORCHFT_VERSION"
+    run torchft-deps "${PIP[@]}" install -q --target "$PEERS" "${TORCHFT_DEPS[@]}"
+fi
 
 # 6. HashiCorp Consul 1.8.7 for the tests that run against real Consul, and the demo;
 #    Prometheus 2.42 for the tests that scrape the exporters.

@@ -1,0 +1,115 @@
+"""The per-sample ledger of benchmarks/peers.py: written alike by every stack's training script, judged here.
+
+Each stack keeps its own books (Horovod's commits, torchrun's restarts,
+torchft's quorum steps); the comparison trusts none of them.  Every rank of
+every stack appends one row per optimizer step that its stack kept (committed
+by Horovod, applied by torchrun, ``should_commit`` in torchft) to
+``OUT/ledger/<host>-<pid>.jsonl``::
+
+    {"t": unix time, "step": n, "chain": c, "parent": p, "epoch": e, "size": world size,
+     "rank": r, "samples": [dataset indices], "loss": mean loss of the step}
+
+``chain`` is a value carried in the training state itself (committed,
+restored, checkpointed, healed with it): ``link(parent, token, step)``, where
+the token is drawn anew at every (re)start of the training function.  A step
+thrown away (a rollback to the last commit, a restart from an older
+checkpoint, a restart from scratch) leaves rows whose chain no later step
+descends from.  At the end rank 0 writes ``OUT/final.json`` with the final
+chain; walking parents from it gives the steps that made the final model, and
+only their samples count.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+def link(parent: int, token: int, step: int) -> int:
+    """The chain value after ``step``: the same on every rank that shares ``parent`` and ``token``."""
+    digest = hashlib.blake2b(f"{parent}:{token}:{step}".encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
+
+
+class Writer:
+    """One process's ledger file (line-buffered: a SIGKILL loses at most the row being written)."""
+
+    def __init__(self, out: str, host: str, stack: str):
+        os.makedirs(os.path.join(out, "ledger"), exist_ok=True)
+        self.stack = stack
+        self._file = open(os.path.join(out, "ledger", f"{host}-{os.getpid()}.jsonl"), "a", buffering=1)
+
+    def step(self, t: float, step: int, chain: int, parent: int, epoch: int, size: int, rank: int,
+             samples: list[int], loss: float) -> None:
+        self._file.write(json.dumps({"t": round(t, 4), "step": step, "chain": chain, "parent": parent,
+                                     "epoch": epoch, "size": size, "rank": rank, "samples": samples,
+                                     "loss": round(loss, 6)}) + "\n")
+
+
+def read_rows(out: str) -> list[dict]:
+    """Every ledger row of a run, in time order (a torn last line of a killed process is skipped)."""
+    rows = []
+    for path in glob.glob(os.path.join(out, "ledger", "*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    rows.sort(key=lambda row: row["t"])
+    return rows
+
+
+@dataclass
+class Verdict:
+    """What the ledger says about one run."""
+
+    steps_kept: int = 0
+    steps_thrown: int = 0  # step attempts (one chain value) no kept step descends from
+    epochs: dict[int, dict[str, int]] = field(default_factory=dict)  # epoch -> trained, lost, duplicated
+    broken: str = ""  # why the chain could not be walked ('' when it could)
+
+    @property
+    def lost(self) -> int:
+        return sum(e["lost"] for e in self.epochs.values())
+
+    @property
+    def duplicated(self) -> int:
+        return sum(e["duplicated"] for e in self.epochs.values())
+
+
+def kept_chains(rows: list[dict], final_chain: int) -> tuple[set[int], int]:
+    """The chain values of the steps the final model descends from, and where the walk ended (0: the start)."""
+    parents = {row["chain"]: row["parent"] for row in rows}
+    kept, chain = set(), final_chain
+    while chain in parents and chain not in kept:
+        kept.add(chain)
+        chain = parents[chain]
+    return kept, chain
+
+
+def judge(rows: list[dict], final_chain: int, samples: int, complete_epochs: int) -> Verdict:
+    """Walk the chain back from ``final_chain``; count each kept epoch's samples against ``samples``.
+
+    Only the first ``complete_epochs`` epochs are judged (a run stopped mid-epoch has not seen them all).
+    """
+    by_chain: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_chain[row["chain"]].append(row)
+    kept, root = kept_chains(rows, final_chain)
+    verdict = Verdict(steps_kept=len(kept), steps_thrown=len(by_chain) - len(kept))
+    if root != 0:
+        verdict.broken = f"the chain breaks at {root}: a kept step's parent has no row"
+    trained: dict[int, Counter] = defaultdict(Counter)
+    for chain in kept:
+        for row in by_chain[chain]:
+            trained[row["epoch"]].update(row["samples"])
+    for epoch in range(complete_epochs):
+        counts = trained.get(epoch, Counter())
+        verdict.epochs[epoch] = {"trained": sum(counts.values()), "lost": samples - len(counts),
+                                 "duplicated": sum(n - 1 for n in counts.values() if n > 1)}
+    return verdict
