@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: random, printed)")
     parser.add_argument("--epochs", type=int, default=0, help="training epochs (default: enough for the schedule)")
     parser.add_argument("--step-time", type=float, default=0.1, help="stand-in compute per step (s)")
+    parser.add_argument("--limit", type=float, default=900.0,
+                        help="a run may last this long after its last fault before it is ended (s)")
     parser.add_argument("--smoke", action="store_true", help="no faults, one short epoch per stack: does it run")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/peers.json"))
     parser.add_argument("--png", type=Path, default=None, help="the timelines picture (default: next to --json)")
@@ -173,7 +175,8 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
         run.start = time.time()
         first = _wait_first_step(stack, timeout=300.0)
         pending = list(faults)
-        while stack.running():
+        deadline = first + (faults[-1].at if faults else 0.0) + args.limit
+        while stack.running() and time.time() < deadline:
             elapsed = time.time() - first
             while pending and pending[0].at <= elapsed:
                 record = injector.inject(pending.pop(0))
@@ -182,7 +185,7 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
             injector.heal_due()
             time.sleep(0.2)
         injector.heal_due(everything=True)
-        run.exit_code = stack.wait(60.0)
+        run.exit_code = stack.wait(60.0)  # None: still running at the deadline (the teardown ends it)
         run.end = time.time()
         run.relaunches = stack.launches - 1
         final = stack.out / "final.json"

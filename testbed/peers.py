@@ -29,9 +29,12 @@ its processes.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
+
+import psutil
 
 from hvd_elastic.local.job import Job, horovodrun_elastic
 
@@ -77,7 +80,7 @@ class Stack:
         raise NotImplementedError
 
     def running(self) -> bool:
-        return any(job.running for job in self.launchers.values())
+        return any(job.running() for job in self.launchers.values())
 
     def leave(self, host: str) -> None:
         """The stack's documented graceful way for a host to leave."""
@@ -128,8 +131,9 @@ class HvdElastic(Stack):
 
     def __enter__(self) -> Stack:
         super().__enter__()
+        # Horovod's default Gloo timeout (30 s), as a user who sets nothing gets it.
         self.cluster = ElasticCluster(self.workdir / "cluster", self.initial, consul="consul", standby="peers",
-                                      preload="torch,horovod.torch", gloo_timeout=30)
+                                      gloo_timeout=30)
         self.cluster.__enter__()
         self.bed = self.cluster.bed
         return self
@@ -155,9 +159,15 @@ class HvdElastic(Stack):
         self.cluster.undrain(host)
 
     def revive(self, host: str) -> None:
-        self.cluster.ensure_consul_agent(host)
-        self.cluster.start_standby(host)
-        self.cluster.start_agent(host)
+        self.cluster.start_agent(host)  # its Consul agent and standby first, as the host's boot would
+
+    def trainer(self, host: str) -> list[int]:
+        standby = self.cluster.standbys.get(host)  # workers are forked by the host's standby
+        if standby is None or not standby.running():
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [child.pid for child in psutil.Process(standby.pid).children()]
+        return []
 
     def join(self) -> str:
         return self.cluster.add_host()
@@ -271,7 +281,7 @@ class Torchft(_PerHost):
 
     def revive(self, host: str) -> None:
         if host not in self.groups:  # a new host takes the id (and shard) of a group no live host holds
-            held = {self.groups[h] for h, job in self.launchers.items() if job.running}
+            held = {self.groups[h] for h, job in self.launchers.items() if job.running()}
             self.groups[host] = min(set(range(len(self.groups) + 1)) - held)
         group = self.groups[host]
         address = self.bed.hosts[host].address
