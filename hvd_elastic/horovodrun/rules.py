@@ -21,7 +21,9 @@ keeps Horovod's):
 2. **A round in which every worker failed restarts from the checkpoint.**
    Horovod ends the job then ("failure count == N -> stop running",
    horovod/horovod#3264): a host lost while the others are in ``hvd.init()``
-   makes every one of them fail.  When a worker has announced a durable
+   makes every one of them fail.  So it does when every host of the round had
+   a worker fail ("blacklisted slots count == N": a crash in a world on one
+   host), though under rule 1 each comes back.  When a worker has announced a durable
    checkpoint (``@hvd_elastic.run`` does, see :data:`RESUMABLE_PATH`), the
    driver starts a new world on the hosts discovery lists and it resumes from
    that checkpoint; so does a job none of whose workers ever got through
@@ -373,22 +375,33 @@ def _patch_registry(cls: Any, success: str, failure: str, ready: str) -> None:
 
 
 def _restarted_all(registry: Any, job: Job, success: str, failure: str, ready: str) -> bool:
-    """Rule 2, in the barrier's action: True when a round in which every worker failed was restarted."""
+    """Rule 2, in the barrier's action: True when a round that Horovod would end the job for was restarted.
+
+    Horovod ends it when every worker failed, and also when every host of the round has a failed worker
+    ("blacklisted slots count == N -> stop running": one host's crash in a world on one host, or failures
+    spread over every host), although under a cooldown each of those hosts comes back.  Survivors on such
+    hosts have no place in the next world, so it resumes from the checkpoint either way.
+    """
     failed = registry.get(failure)
-    if registry.count(ready):
+    if registry.count(success) or not registry.size():
+        return False
+    out = {host for host, _ in failed} | {host for host, _ in registry.get_recorded_slots()
+                                           if registry._host_manager.is_blacklisted(host)}
+    if len(failed) == registry.size():
+        what = "every worker of the round failed"
+    elif all(host in out for host, _ in registry.get_recorded_slots()):
+        what = "every host of the round had a worker fail"
+    else:
         job.all_failed = 0  # a round got through
-    if registry.count(success) or not registry.size() or len(failed) != registry.size():
         return False
     codes = sorted({job.exits.get(key) for key in failed}, key=lambda code: (code is None, code))
     refusal = job.restart_refusal(codes)
     if refusal is not None:
-        log.error("hvd-elastic: every worker of the round failed (exit codes %s) and %s: ending the job as "
-                  "Horovod does", codes, refusal)
+        log.error("hvd-elastic: %s (exit codes %s) and %s: ending the job as Horovod does", what, codes, refusal)
         return False
     job.all_failed += 1
-    log.warning("hvd-elastic: every worker of the round failed (exit codes %s): starting a new world that resumes "
-                "from the newest checkpoint (%d of at most %d such rounds in a row)", codes, job.all_failed,
-                ALL_FAILED_ROUNDS)
+    log.warning("hvd-elastic: %s (exit codes %s): starting a new world that resumes from the newest checkpoint "
+                "(%d of at most %d such rounds in a row)", what, codes, job.all_failed, ALL_FAILED_ROUNDS)
     for host, _ in failed:
         registry._host_manager.blacklist(host)  # each returns after its cooldown, when discovery lists it
     # No survivor holds the state: the new world need not include a previous host to sync from.

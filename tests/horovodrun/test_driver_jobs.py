@@ -16,6 +16,9 @@ turns into a dead or wedged job, reproduced directly (no soak):
   worker, deaf to SIGTERM; here it ends once its wait times out;
 * SIGTERM while the driver waits for hosts: stock Horovod terminates the workers and keeps waiting
   (``HOROVOD_ELASTIC_TIMEOUT``, 600 s by default); here it exits 143 at once;
+* a worker dies in a world on one host: stock Horovod blacklists the host, finds every host of the
+  round blacklisted and ends the job ("blacklisted slots count == 1 -> stop running"); here the host
+  returns after its cooldown and the job resumes from the checkpoint;
 * a host of the next world is lost while the survivors re-initialise (the newcomer's worker ends
   before ``hvd.init()``): stock Horovod's survivors wait out Gloo's rendezvous timeout inside
   ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state.
@@ -45,29 +48,34 @@ WAIT = 240.0  # hang guards, not speed bounds
 BOTH = "localhost:1\n127.0.0.1:1\n"
 
 
-def workers(out: Path) -> dict[str, psutil.Process]:
-    """The job's training processes by host (not the shells Horovod starts them through)."""
+def workers(out: Path, every: bool = False) -> dict:
+    """The job's training processes by host (not the shells Horovod starts them through); ``every``: by
+    (host, local rank)."""
     found = {}
     for proc in psutil.process_iter(["cmdline", "environ"], ad_value=None):
         cmd = proc.info["cmdline"] or []
         if cmd[1:3] == ["-m", "testbed.worker"] and str(out) in cmd:
-            found[(proc.info["environ"] or {}).get("HOROVOD_HOSTNAME")] = proc
+            env = proc.info["environ"] or {}
+            host = env.get("HOROVOD_HOSTNAME")
+            found[(host, env.get("HOROVOD_LOCAL_RANK")) if every else host] = proc
     return found
 
 
-def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...] = (),
+def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...] = (), hosts: str = BOTH,
           **env: str) -> tuple[Job, Path, JsonLines]:
-    """The job on both hosts, training at world size 2 (``--samples`` keeps epochs short)."""
+    """The job on ``hosts`` (both by default), training at world size 2 (``--samples`` keeps epochs short)."""
     out = tmp_path / "job"
     out.mkdir()
-    discovery = host_file_discovery(tmp_path / "hosts", BOTH)
-    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np), sys.executable, "-m", "testbed.worker", "--out", out,
-           "--samples", "96", "--checkpoint-every", "3", *args]
+    discovery = host_file_discovery(tmp_path / "hosts", hosts)
+    # One host cannot show horovodrun which interfaces its hosts share: name it, as a one-node job must.
+    nics = ["--network-interface", "lo"] if hosts.count("\n") == 1 else []
+    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np, *nics), sys.executable, "-m", "testbed.worker",
+           "--out", out, "--samples", "96", "--checkpoint-every", "3", *args]
     job = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
               logdir=tmp_path, name="horovodrun").start()
     progress = JsonLines(out / "progress.jsonl")
     job.wait_until("4 steps at world size 2", lambda: sum(r["size"] == 2 for r in progress.rows()) >= 4, WAIT)
-    job.wait_until("both workers", lambda: len(workers(out)) == 2, WAIT)
+    job.wait_until("both workers", lambda: len(workers(out, every=True)) == 2, WAIT)
     return job, out, progress
 
 
@@ -88,6 +96,24 @@ def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the
     assert not run_problems(out), run_problems(out)
     resumes = EventLog.read(out / "events.jsonl", event="resume")
     assert len(resumes) == 1 and resumes[0]["step"] >= 3, resumes
+
+
+def test_a_worker_lost_in_a_world_on_one_host_resumes_when_the_host_returns(tmp_path):
+    job, out, progress = start(tmp_path, min_np=1, hosts="localhost:2\n")
+    with job:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        workers(out, every=True)[("localhost", "1")].send_signal(signal.SIGKILL)
+        killed = time.time()
+        job.wait_until("a step at world size 2 after the kill",
+                       lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "hvd-elastic: every host of the round had a worker fail (exit codes [137]): starting a new world" in log, \
+        log[-3000:]
+    assert "stop running" not in log, log[-3000:]
+    assert not run_problems(out), run_problems(out)
+    assert len(EventLog.read(out / "events.jsonl", event="resume")) == 1
 
 
 def test_a_host_lost_during_the_first_rendezvous_does_not_end_the_job(tmp_path):
