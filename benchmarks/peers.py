@@ -264,6 +264,7 @@ def picture(runs: list[tuple[Run, Path]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.6 * len(runs)), sharex=True, squeeze=False)
     for ax, (run, out) in zip(axes[:, 0], runs):
@@ -272,6 +273,8 @@ def picture(runs: list[tuple[Run, Path]], path: Path) -> None:
         steps = sorted({(r["t"], r["size"], r["loss"]) for r in rows if r["chain"] in kept and r["rank"] == 0})
         t = [row[0] - run.start for row in steps]
         ax.step(t, [row[1] for row in steps], where="post", color="tab:blue")
+        ax.set_ylim(0, max((row[1] for row in steps), default=1) + 1)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(f"{run.stack}\nworld size")
         loss_ax = ax.twinx()
         loss_ax.plot(t, [row[2] for row in steps], color="tab:orange", linewidth=0.6)

@@ -30,7 +30,9 @@ its processes.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,6 +136,9 @@ class HvdElastic(Stack):
         # Horovod's default Gloo timeout (30 s), as a user who sets nothing gets it.
         self.cluster = ElasticCluster(self.workdir / "cluster", self.initial, consul="consul", standby="peers",
                                       gloo_timeout=30)
+        # A Unix socket's path holds 107 bytes: the standbys' directory under a short one, as /run/user is.
+        self._run_dir = tempfile.mkdtemp(prefix="hvdpe-")
+        self.cluster.standby_dir = Path(self._run_dir) / "hvd-elastic"
         self.cluster.__enter__()
         self.bed = self.cluster.bed
         return self
@@ -141,6 +146,7 @@ class HvdElastic(Stack):
     def __exit__(self, *exc_info) -> None:
         super().__exit__(*exc_info)
         self.cluster.close()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
 
     def launch(self) -> None:
         self.launches += 1
