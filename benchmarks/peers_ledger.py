@@ -2,8 +2,8 @@
 
 Each stack keeps its own books (Horovod's commits, torchrun's restarts,
 torchft's quorum steps); the comparison trusts none of them.  Every rank of
-every stack appends one row per optimizer step that its stack kept (committed
-by Horovod, applied by torchrun, ``should_commit`` in torchft) to
+every stack appends one row per optimizer step it applied (written before
+Horovod's commit, which may raise after saving; torchft: a committed step) to
 ``OUT/ledger/<host>-<pid>.jsonl``::
 
     {"t": unix time, "step": n, "chain": c, "parent": p, "epoch": e, "size": world size,

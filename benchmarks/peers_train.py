@@ -21,8 +21,9 @@ four; what differs is only what each stack asks of its users:
     group trains its own shard (torchft's ``DistributedSampler``), so the
     global batch is the per-group batch times the groups taking part.
 
-Every rank writes the ledger of :mod:`peers_ledger` (rows of kept steps) and
-rank 0 ``final.json`` (final chain, loss and held-out accuracy).
+Every rank writes the ledger of :mod:`peers_ledger` (a row per step it trained,
+before the stack's commit: the chain walk tells the kept ones) and rank 0
+``final.json`` (final chain, loss and held-out accuracy).
 """
 
 from __future__ import annotations
@@ -144,9 +145,11 @@ def run_hvd_elastic(args, x, y, test_x, test_y) -> None:
                 optimizer.step()
                 mean = hvd.allreduce(loss.detach(), op=hvd.Sum, name="peers.loss").item()
                 parent, state.chain = state.chain, link(state.chain, token, state.step + 1)
-                state.commit_step()
-                ledger.step(time.time(), state.step, state.chain, parent, state.epoch, hvd.size(), hvd.rank(),
+                # Before the commit, which may raise HostsUpdatedInterrupt after saving the step: a row whose
+                # step is then rolled back is simply off the final chain.
+                ledger.step(time.time(), state.step + 1, state.chain, parent, state.epoch, hvd.size(), hvd.rank(),
                             indices.tolist(), mean)
+                state.commit_step()
             state.epoch += 1
             state.commit()
 
@@ -186,9 +189,9 @@ def run_horovod(args, x, y, test_x, test_y) -> None:
                 sampler.record_batch(i, batch_size)
                 parent, state.chain = state.chain, link(state.chain, token, state.step + 1)
                 state.step += 1
-                state.commit()
                 ledger.step(time.time(), state.step, state.chain, parent, state.epoch, hvd.size(), hvd.rank(),
-                            batch.tolist(), mean)
+                            batch.tolist(), mean)  # before the commit, as above
+                state.commit()
             state.epoch += 1
             state.commit()
 
