@@ -111,6 +111,16 @@ def main(argv=None) -> None:
 # -- Horovod's two ways ---------------------------------------------------------------------------------------
 
 
+def record(ledger: Writer, state, token: int, size: int, rank: int, samples: list[int], loss: float) -> None:
+    """Advance ``state.chain`` to the step being committed and write its row.
+
+    Called before the commit, which may raise HostsUpdatedInterrupt after saving the step; a row whose
+    step is rolled back instead is simply off the final chain.
+    """
+    parent, state.chain = state.chain, link(state.chain, token, state.step + 1)
+    ledger.step(time.time(), state.step + 1, state.chain, parent, state.epoch, size, rank, samples, loss)
+
+
 def run_hvd_elastic(args, x, y, test_x, test_y) -> None:
     import horovod.torch as hvd
 
@@ -144,11 +154,7 @@ def run_hvd_elastic(args, x, y, test_x, test_y) -> None:
                 compute(args.step_time)
                 optimizer.step()
                 mean = hvd.allreduce(loss.detach(), op=hvd.Sum, name="peers.loss").item()
-                parent, state.chain = state.chain, link(state.chain, token, state.step + 1)
-                # Before the commit, which may raise HostsUpdatedInterrupt after saving the step: a row whose
-                # step is then rolled back is simply off the final chain.
-                ledger.step(time.time(), state.step + 1, state.chain, parent, state.epoch, hvd.size(), hvd.rank(),
-                            indices.tolist(), mean)
+                record(ledger, state, token, hvd.size(), hvd.rank(), indices.tolist(), mean)
                 state.commit_step()
             state.epoch += 1
             state.commit()
@@ -187,10 +193,8 @@ def run_horovod(args, x, y, test_x, test_y) -> None:
                 optimizer.step()
                 mean = hvd.allreduce(loss.detach(), name="peers.loss").item()
                 sampler.record_batch(i, batch_size)
-                parent, state.chain = state.chain, link(state.chain, token, state.step + 1)
+                record(ledger, state, token, hvd.size(), hvd.rank(), batch.tolist(), mean)
                 state.step += 1
-                ledger.step(time.time(), state.step, state.chain, parent, state.epoch, hvd.size(), hvd.rank(),
-                            batch.tolist(), mean)  # before the commit, as above
                 state.commit()
             state.epoch += 1
             state.commit()

@@ -79,17 +79,22 @@ def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...]
     return job, out, progress
 
 
-def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the_same_job(tmp_path):
-    job, out, progress = start(tmp_path, min_np=2)
+def kill_after_a_checkpoint_then_finish(job: Job, out: Path, progress: JsonLines, victims: list) -> None:
+    """Once a checkpoint exists, SIGKILL ``victims``; wait for a step at world size 2 after it; end the job."""
     with job:
         job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
-        for proc in workers(out).values():
+        for proc in victims:
             proc.send_signal(signal.SIGKILL)
         killed = time.time()
         job.wait_until("a step at world size 2 after the kill",
                        lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
         (out / "stop").touch()
         job.finish(WAIT)
+
+
+def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the_same_job(tmp_path):
+    job, out, progress = start(tmp_path, min_np=2)
+    kill_after_a_checkpoint_then_finish(job, out, progress, list(workers(out).values()))
     log = job.read_log()
     assert "hvd-elastic: every worker of the round failed (exit codes [137]): starting a new world" in log, log[-3000:]
     assert "stop running" not in log, log[-3000:]
@@ -100,14 +105,7 @@ def test_a_round_in_which_every_worker_fails_restarts_from_the_checkpoint_in_the
 
 def test_a_worker_lost_in_a_world_on_one_host_resumes_when_the_host_returns(tmp_path):
     job, out, progress = start(tmp_path, min_np=1, hosts="localhost:2\n")
-    with job:
-        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
-        workers(out, every=True)[("localhost", "1")].send_signal(signal.SIGKILL)
-        killed = time.time()
-        job.wait_until("a step at world size 2 after the kill",
-                       lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
-        (out / "stop").touch()
-        job.finish(WAIT)
+    kill_after_a_checkpoint_then_finish(job, out, progress, [workers(out, every=True)[("localhost", "1")]])
     log = job.read_log()
     assert "hvd-elastic: every host of the round had a worker fail (exit codes [137]): starting a new world" in log, \
         log[-3000:]

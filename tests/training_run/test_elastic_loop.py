@@ -157,12 +157,19 @@ class RecordingCut:
         self.calls.append("cut.stop")
 
 
-def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset(world, monkeypatch):
+@pytest.fixture
+def cut_on(world, monkeypatch):
+    """The world, with a recording health cut and the Gloo checks stubbed; its call list."""
     calls = world["calls"]
     monkeypatch.setenv(health_cut.ENV, "1")
     monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
     monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+    return calls
+
+
+def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset(cut_on):
+    calls = cut_on
     fn = failing(calls, [HorovodInternalError("peer lost")])
 
     assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
@@ -174,12 +181,9 @@ def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset
     ]
 
 
-def test_the_health_cut_learns_the_new_worlds_hosts_from_the_driver_before_its_first_collective(world, monkeypatch):
-    calls = world["calls"]
-    monkeypatch.setenv(health_cut.ENV, "1")
-    monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
-    monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
-    monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
+def test_the_health_cut_learns_the_new_worlds_hosts_from_the_driver_before_its_first_collective(cut_on,
+                                                                                                   monkeypatch):
+    calls = cut_on
 
     def reset(answer, gloo_timeout):
         calls.append("reset")
