@@ -52,8 +52,9 @@ keeps Horovod's):
    instead and keep their state (:mod:`hvd_elastic.training._internal.rendezvous`),
    and a request of Gloo's own rendezvous for that world is answered 503, so a
    process already inside it fails in about 1.5 s (Horovod's client retries
-   three times) instead of waiting out the timeout.  The store is cleared when
-   the next world starts.
+   three times) instead of waiting out the timeout; its host is not
+   blacklisted for that failure (rule 1 would hold a healthy host out).  The
+   store is cleared when the next world starts.
 
 Contract:
 
@@ -79,6 +80,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -99,6 +101,7 @@ SUPPORTED = ("0.28.1",)
 COOLDOWN = (2, 60)
 ALL_FAILED_ROUNDS = 3
 DECAY_S = 120.0  # a host's failures count toward a longer cooldown only when they come this close together
+SENT_AWAY_S = 10.0  # a worker refused by rule 5 fails within Horovod's 3 retries (1.5 s); generous for a loaded box
 STOP_GRACE_S = 30.0  # Horovod terminates a worker in at most 10 s (5 s SIGTERM grace, then SIGKILL, 5 s wait)
 EXCEPTION_EXIT = 1  # what an uncaught Python exception in the training code exits with
 
@@ -117,6 +120,8 @@ class Job:
     decay: bool = False  # the default cooldown, whose failure count decays (an explicit one is Horovod's as given)
     all_failed: int = 0
     stopped: bool = False  # the driver's stop() ran: rule 3 and 4's guards are in place
+    sent_away: dict[str, float] = dataclasses.field(default_factory=dict)  # client address -> last 503 (monotonic)
+    spared: set[str] = dataclasses.field(default_factory=set)  # hosts whose next blacklisting is skipped
 
     def restart_refusal(self, codes: list[int | None]) -> str | None:
         """Why a round in which every worker failed (with ``codes``) must end the job; None to restart it."""
@@ -211,6 +216,8 @@ def _patch_driver_init(cls: Any, host_state: type) -> None:
             original(*bound.args, **bound.kwargs)
             if job is not None and job.decay:
                 _forget_old_failures(self, host_state)
+            if job is not None:
+                _spare_sent_away(self._host_manager, job)
         return __init__
 
     _wrap(cls, "__init__", init)
@@ -226,6 +233,7 @@ def _patch_driver_lifecycle(cls: Any) -> None:
                 job.exits[(slot_info.hostname, slot_info.local_rank)] = exit_code
                 if exit_code != 0 and not self.finished() and \
                         self.has_rank_assignment(slot_info.hostname, slot_info.local_rank):
+                    _note_sent_away(job, slot_info.hostname, slot_info.local_rank, exit_code)
                     _doom(self, f"{slot_info.hostname}[{slot_info.local_rank}] exited {exit_code}")
             return original(self, slot_info, exit_code, timestamp)
         return _handle_worker_exit
@@ -385,8 +393,8 @@ def _restarted_all(registry: Any, job: Job, success: str, failure: str, ready: s
     failed = registry.get(failure)
     if registry.count(success) or not registry.size():
         return False
-    out = {host for host, _ in failed} | {host for host, _ in registry.get_recorded_slots()
-                                           if registry._host_manager.is_blacklisted(host)}
+    out = {host for host, _ in failed if host not in job.spared} | {
+        host for host, _ in registry.get_recorded_slots() if registry._host_manager.is_blacklisted(host)}
     if len(failed) == registry.size():
         what = "every worker of the round failed"
     elif all(host in out for host, _ in registry.get_recorded_slots()):
@@ -438,6 +446,7 @@ def _patch_launcher(gloo_run: Any) -> None:
                 def do_GET(self):
                     parts = self.path.split("/")
                     if len(parts) == 3 and _is_gloo_scope(parts[1]) and _doomed(self.server):
+                        job.sent_away[self.client_address[0]] = time.monotonic()
                         self.send_status_code(503)  # rule 5: this world will never form
                         return
                     super().do_GET()
@@ -475,6 +484,32 @@ def _doom(driver: Any, why: str) -> None:
         scope[_DOOMED_KEY] = why.encode()
     if first:
         log.warning("hvd-elastic: %s: this world cannot form any more; its workers are sent on to the next", why)
+
+
+def _note_sent_away(job: Job, host: str, slot: int, exit_code: int) -> None:
+    """A worker whose rendezvous rule 5 refused just before it failed did not fail for its host: spare it."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return
+    refused = job.sent_away.get(address)
+    if refused is not None and time.monotonic() - refused < SENT_AWAY_S:
+        job.spared.add(host)
+        log.warning("hvd-elastic: %s[%d] exited %d after its world was given up: %s is not held out for it",
+                    host, slot, exit_code, host)
+
+
+def _spare_sent_away(manager: Any, job: Job) -> None:
+    """Skip a spared host's next blacklisting (Horovod blacklists the host of every failed worker)."""
+    blacklist = manager.blacklist
+
+    def spare_or_blacklist(host):
+        if host in job.spared:
+            job.spared.discard(host)
+            return
+        blacklist(host)
+
+    manager.blacklist = spare_or_blacklist
 
 
 def _doomed(server: Any) -> bool:

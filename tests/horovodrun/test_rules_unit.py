@@ -113,7 +113,8 @@ def test_the_default_cooldown_doubles_only_for_failures_close_together():
 
 def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
     """Rule 5 on Horovod's own rendezvous server: the world as the driver tells it, the ranks that arrived
-    (ready or already in Gloo's rendezvous), and Gloo's requests of a doomed world answered 503."""
+    (ready or already in Gloo's rendezvous), Gloo's requests of a doomed world answered 503, and the host of a
+    worker so refused not blacklisted for its failure."""
     from types import SimpleNamespace
 
     from horovod.runner import gloo_run
@@ -143,6 +144,16 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         assert client.world().doomed == "c[0] exited 3"
         assert [client.request("GET", path)[0] for path in ("/global/2", "/local_a/0", "/cross_0/1")] == [503] * 3
         assert client.request("GET", "/hvd_elastic_ready/0")[0] == 200  # only Gloo's rendezvous is refused
+
+        # The worker refused there fails: its host is not blacklisted for it, once; another host is.
+        blacklisted = []
+        manager = SimpleNamespace(blacklist=blacklisted.append)
+        rules._spare_sent_away(manager, driver._hvd_elastic)
+        rules._note_sent_away(driver._hvd_elastic, "localhost", 0, 255)
+        rules._note_sent_away(driver._hvd_elastic, "a-host-that-was-never-refused.invalid", 0, 255)
+        for host in ("localhost", "localhost", "b"):
+            manager.blacklist(host)
+        assert blacklisted == ["localhost", "b"]
 
         second = plan("a", "b")
         server.init(second)  # the next world starts: the store, and the doom with it, are cleared
