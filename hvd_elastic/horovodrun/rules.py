@@ -121,7 +121,7 @@ class Job:
     all_failed: int = 0
     stopped: bool = False  # the driver's stop() ran: rule 3 and 4's guards are in place
     sent_away: dict[str, float] = dataclasses.field(default_factory=dict)  # client address -> last 503 (monotonic)
-    spared: set[str] = dataclasses.field(default_factory=set)  # hosts whose next blacklisting is skipped
+    spared: set[str] = dataclasses.field(default_factory=set)  # hosts not blacklisted in this round
 
     def restart_refusal(self, codes: list[int | None]) -> str | None:
         """Why a round in which every worker failed (with ``codes``) must end the job; None to restart it."""
@@ -362,6 +362,8 @@ def _patch_registry(cls: Any, success: str, failure: str, ready: str) -> None:
             job = _job(self._driver)
             if job is None or not _restarted_all(self, job, success, failure, ready):
                 original(self)
+            if job is not None:
+                job.spared.clear()  # a sparing covers its own round's blacklisting, never a later one
         return _on_workers_recorded
 
     def wait(original):
@@ -472,6 +474,7 @@ def _patch_launcher(gloo_run: Any) -> None:
 # -- rule 5: the forming world's state, in the driver's store ------------------------------------------------
 
 _DOOMED_KEY = "doomed"  # in SCOPE, so the store's clearing at the next world's start lifts it
+_GLOO_GLOBAL = "global"  # Gloo's global context's scope: each rank's address under its rank
 
 
 def _doom(driver: Any, why: str) -> None:
@@ -500,14 +503,13 @@ def _note_sent_away(job: Job, host: str, slot: int, exit_code: int) -> None:
 
 
 def _spare_sent_away(manager: Any, job: Job) -> None:
-    """Skip a spared host's next blacklisting (Horovod blacklists the host of every failed worker)."""
+    """Skip the blacklisting of a spared host in the round being recorded (Horovod blacklists the host of
+    every failed worker)."""
     blacklist = manager.blacklist
 
     def spare_or_blacklist(host):
-        if host in job.spared:
-            job.spared.discard(host)
-            return
-        blacklist(host)
+        if host not in job.spared:
+            blacklist(host)
 
     manager.blacklist = spare_or_blacklist
 
@@ -519,7 +521,7 @@ def _doomed(server: Any) -> bool:
 
 def _is_gloo_scope(scope: str) -> bool:
     # Gloo's three contexts (horovod/common/gloo/gloo_context.cc), as http_server.py sizes them.
-    return scope == "global" or scope.startswith(("local_", "cross_"))
+    return scope == _GLOO_GLOBAL or scope.startswith(("local_", "cross_"))
 
 
 def _world(driver: Any, server: Any) -> bytes:
@@ -527,7 +529,7 @@ def _world(driver: Any, server: Any) -> bytes:
     assignments = dict(driver._rank_assignments)  # replaced whole at every world's start, never mutated
     with server.cache_lock:
         doomed = server.cache.get(SCOPE, {}).get(_DOOMED_KEY, b"").decode()
-        keys = set(server.cache.get(READY_SCOPE, {})) | set(server.cache.get("global", {}))
+        keys = set(server.cache.get(READY_SCOPE, {})) | set(server.cache.get(_GLOO_GLOBAL, {}))
     present = sorted(int(key) for key in keys if key.isdigit())
     hosts = [assignments[rank].hostname for rank in sorted(assignments)]
     return json.dumps({"hosts": hosts, "present": present, "doomed": doomed}).encode()
