@@ -110,6 +110,7 @@ class Question:
     def __init__(self, server: rendezvous.Server, host: str, local_rank: int, old_size: int, watch: bool):
         self.answer: str | None = None
         self.error: BaseException | None = None
+        self.doomed = ""  # why the driver gave the new world up ('' while it has not)
         self.answered = threading.Event()
         self.arrived = threading.Event()
         self._stop = threading.Event()
@@ -140,7 +141,7 @@ class Question:
                 if world is None:  # a driver without hvd-elastic's rules: ask Gloo's keys one by one
                     waiting |= server.waiting(set(range(size)) - waiting)
                 elif world.doomed:  # a newcomer failed: this world will never form, ask again now
-                    self.error = RuntimeError(f"the new world cannot form: {world.doomed}")
+                    self.doomed = world.doomed
                     return
                 else:
                     waiting = set(world.present)
@@ -217,7 +218,7 @@ class HostCheck:
         if question is not None:
             if question.arrived.is_set():
                 return GO
-            if question.error is not None or now - self._asked_at > self._deadline_s:
+            if question.error is not None or question.doomed or now - self._asked_at > self._deadline_s:
                 return AGAIN
             return WAIT
         if (newest > prev and update == HostUpdateResult.added and self._enabled and self._server is not None
@@ -235,8 +236,9 @@ class HostCheck:
     def _answer_for(self, verdict: str) -> str | None:
         question = self._question
         if verdict == AGAIN:
-            if hvd.rank() == 0 and question is not None and isinstance(question.error, RuntimeError):
-                log.warning("join ahead: %s; re-initialising the stock way", question.error)
+            if hvd.rank() == 0 and question is not None and question.doomed:
+                log.warning("join ahead: the new world cannot form: %s; re-initialising the stock way",
+                            question.doomed)
             elif hvd.rank() == 0:  # rank 0's verdict: one line per job, not per rank
                 log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
                             "re-initialising the stock way", self._deadline_s, _why(question))
