@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import statistics
@@ -40,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers_ledger import judge, kept_chains, read_rows  # noqa: E402
+from peers_ledger import Verdict, judge, read_rows  # noqa: E402
 from testbed import peers  # noqa: E402
 
 KINDS = ("worker-kill", "host-crash", "partition", "freeze", "leave", "join")
@@ -158,8 +159,6 @@ class Injector:
 
 
 def _kill(pid: int) -> None:
-    import os
-
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -209,10 +208,9 @@ def _wait_first_step(stack: peers.Stack, timeout: float) -> float:
 # -- figures ---------------------------------------------------------------------------------------------------
 
 
-def figures(run: Run, reference: Run | None, samples: int, epochs: int, out: Path) -> dict:
-    rows = read_rows(str(out))
-    verdict = judge(rows, run.final.get("chain", -1), samples, epochs if run.final else 0)
-    kept, _ = kept_chains(rows, run.final.get("chain", -1))
+def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None) -> dict:
+    """One run's record for the table and the JSON, from its ledger ``rows`` and their ``verdict``."""
+    kept = verdict.kept
     kept_times = sorted({row["t"] for row in rows if row["chain"] in kept})
     wall = max(run.end - run.start, 1e-9)
     progress = sum(b - a for a, b in zip(kept_times, kept_times[1:]) if b - a <= STEP_GAP_S)
@@ -258,7 +256,7 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def picture(runs: list[tuple[Run, Path]], path: Path) -> None:
+def picture(runs: list[tuple[Run, list[dict], set[int]]], path: Path) -> None:
     """Per stack, one above the other: world size and loss of the kept steps over wall time, faults marked."""
     import matplotlib
 
@@ -267,9 +265,7 @@ def picture(runs: list[tuple[Run, Path]], path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.6 * len(runs)), sharex=True, squeeze=False)
-    for ax, (run, out) in zip(axes[:, 0], runs):
-        rows = read_rows(str(out))
-        kept, _ = kept_chains(rows, run.final.get("chain", -1))
+    for ax, (run, rows, kept) in zip(axes[:, 0], runs):
         steps = sorted({(r["t"], r["size"], r["loss"]) for r in rows if r["chain"] in kept and r["rank"] == 0})
         t = [row[0] - run.start for row in steps]
         ax.step(t, [row[1] for row in steps], where="post", color="tab:blue")
@@ -311,14 +307,16 @@ def main(argv=None) -> int:
         for label, schedule_ in ((("reference", []),) if args.smoke else (("reference", []), ("faults", faults))):
             workdir = root / name / label
             run = run_stack(name, args, schedule_, workdir, train_args)
-            record = figures(run, reference, samples, epochs, workdir / "out")
+            rows = read_rows(str(workdir / "out"))
+            verdict = judge(rows, run.final.get("chain", -1), samples, epochs if run.final else 0)
+            record = figures(run, rows, verdict, reference)
             record.update(run=label, seed=args.seed)
             print(f"  {name} {label}: {json.dumps(record)}", flush=True)
             if label == "reference":
                 reference = record
             if label == "faults" or args.smoke:
                 records.append(record)
-                timelines.append((run, workdir / "out"))
+                timelines.append((run, rows, verdict.kept))
     print(table(records))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"seed": args.seed, "hosts": args.hosts, "records": records}, indent=1))

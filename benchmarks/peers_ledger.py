@@ -68,10 +68,14 @@ def read_rows(out: str) -> list[dict]:
 class Verdict:
     """What the ledger says about one run."""
 
-    steps_kept: int = 0
+    kept: set[int] = field(default_factory=set)  # chain values of the steps the final model descends from
     steps_thrown: int = 0  # step attempts (one chain value) no kept step descends from
     epochs: dict[int, dict[str, int]] = field(default_factory=dict)  # epoch -> trained, lost, duplicated
     broken: str = ""  # why the chain could not be walked ('' when it could)
+
+    @property
+    def steps_kept(self) -> int:
+        return len(self.kept)
 
     @property
     def lost(self) -> int:
@@ -101,7 +105,7 @@ def judge(rows: list[dict], final_chain: int, samples: int, complete_epochs: int
     for row in rows:
         by_chain[row["chain"]].append(row)
     kept, root = kept_chains(rows, final_chain)
-    verdict = Verdict(steps_kept=len(kept), steps_thrown=len(by_chain) - len(kept))
+    verdict = Verdict(kept=kept, steps_thrown=len(by_chain) - len(kept))
     if root != 0:
         verdict.broken = f"the chain breaks at {root}: a kept step's parent has no row"
     trained: dict[int, Counter] = defaultdict(Counter)
