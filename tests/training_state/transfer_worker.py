@@ -66,9 +66,10 @@ def train(model, optimizer, state, steps: int, same_data: bool) -> None:
         model(torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))).square().sum().backward()
         optimizer.step()
         if same_data:
-            # Lockstep steps on the same batches keep the ranks equal only up to the last bit (under
-            # CPU load one rank's first Adam step left a weight a few ulps apart): these scenarios need them bitwise
-            # equal, so they take rank 0's tensors.  copy_() bumps the version counters sync relies on.
+            # Lockstep steps on the same batches keep the ranks equal only up to the last bit
+            # (under CPU load one rank's first Adam step left a weight a few ulps apart): these
+            # scenarios need them bitwise equal, so they take rank 0's tensors.  copy_() bumps
+            # the version counters that sync relies on.
             for t in filter(torch.is_floating_point, state._live_tensors()):
                 t.copy_(hvd.broadcast(t, 0))
         state.commit_step()
