@@ -546,6 +546,7 @@ API = [
     ("hvd_elastic.training.state", "TrainingState"),
     ("hvd_elastic.training.sampler", "ExactlyOnceSampler"),
     ("hvd_elastic.training.batching", "BatchPolicy"),
+    ("hvd_elastic.errors", "HvdElasticError"),
     ("hvd_elastic.training._internal.shared_dir", "SharedDirError"),
     ("hvd_elastic.training.checkpoint", "UnreadableCheckpoints"),
 ]
@@ -565,7 +566,8 @@ def api_page() -> str:
     lines = ["# Python API", "",
              "Generated from the docstrings. `import hvd_elastic` exports `run`, `RunConfig`, `TrainingState`, "
              "`ExactlyOnceSampler` and `BatchPolicy` (lazily: importing the package loads neither torch nor "
-             "horovod); the errors below come from the modules named. How the pieces fit in a training loop: "
+             "horovod); the errors below come from the modules named, and every error hvd-elastic raises "
+             "derives from `HvdElasticError`. How the pieces fit in a training loop: "
              "[writing the training loop](../training-loop.md).", ""]
     for module_name, name in API:
         obj = getattr(importlib.import_module(module_name), name)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from hvd_elastic.errors import HvdElasticError
+
 # Go's strconv.ParseBool, which Consul's own CONSUL_HTTP_* variables go through.
 TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
-class ConfigError(ValueError):
+class ConfigError(HvdElasticError, ValueError):
     """A configuration value is invalid; the message names the value and what was expected."""
 
 

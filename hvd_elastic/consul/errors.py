@@ -6,8 +6,10 @@ answering from its cache needs neither, only the class for its ``except``.)
 
 from __future__ import annotations
 
+from hvd_elastic.errors import HvdElasticError
 
-class ConsulError(RuntimeError):
+
+class ConsulError(HvdElasticError, RuntimeError):
     """A Consul request failed; ``str()`` is a one-line explanation (never the token).
 
     ``retryable``: whether asking again later may succeed.  ``status``: the

@@ -43,6 +43,7 @@ from pathlib import Path
 import psutil
 
 from hvd_elastic.discovery.hosts import is_valid_host
+from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.horovodrun.rules import COOLDOWN
 from hvd_elastic.local.env import CONSUL_HOSTS, HVD_ELASTIC, child_env
 from hvd_elastic.local.job import MARK_ENV, Job, JobError, horovodrun_elastic, start_node_agent, wait_until
@@ -74,7 +75,7 @@ TRAIN_MODULE = "hvd_elastic.demo.train"
 STANDBY_PRELOAD = "numpy,psutil,sklearn.datasets,hvd_elastic,hvd_elastic.report.evidence,hvd_elastic.demo.digits"
 
 
-class DemoFailed(RuntimeError):
+class DemoFailed(HvdElasticError, RuntimeError):
     pass
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hvd_elastic.errors import HvdElasticError
+
 ACTIONS = ("drain", "undrain", "add", "kill-worker", "ttl", "restart")
 DEFAULT = "drain,undrain,add,kill-worker,ttl:127.0.0.1,restart"
 
@@ -35,7 +37,7 @@ DOWN = "down"  # node agent gone: critical in Consul
 SPARE = "spare"  # no node agent yet
 
 
-class ScheduleError(ValueError):
+class ScheduleError(HvdElasticError, ValueError):
     """A schedule that cannot run; the message is one line naming the step and the reason."""
 
 

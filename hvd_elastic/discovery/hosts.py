@@ -38,6 +38,8 @@ import enum
 import re
 from collections.abc import Iterable, Sequence
 
+from hvd_elastic.errors import HvdElasticError
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from typing import Any
@@ -54,7 +56,7 @@ PASSING = "passing"
 MAINTENANCE_CHECK_PREFIXES = ("_node_maintenance", "_service_maintenance:")
 
 
-class MalformedResponse(ValueError):
+class MalformedResponse(HvdElasticError, ValueError):
     """The health response does not have the shape Consul documents."""
 
 

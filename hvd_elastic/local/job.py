@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from hvd_elastic.errors import HvdElasticError
+
 from .env import HVD_ELASTIC, VENV_BIN
 
 #: The environment variable that marks a job's processes: space-separated marks of every enclosing job.
@@ -38,7 +40,7 @@ from .env import HVD_ELASTIC, VENV_BIN
 MARK_ENV = "HVD_LOCAL_JOB"
 
 
-class JobError(AssertionError):
+class JobError(HvdElasticError, AssertionError):
     """A job failed, exited early or did not reach a state in time (message carries its log tail).
 
     An ``AssertionError`` so pytest reports it as a failed expectation, not an error in the harness.

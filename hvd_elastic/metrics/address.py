@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from hvd_elastic.errors import HvdElasticError
+
 #: The one environment variable every exporter reads when no flag or setting names an address.
 ENV = "HVD_ELASTIC_METRICS_ADDR"
 DEFAULT_HOST = "127.0.0.1"
@@ -13,7 +15,7 @@ EXAMPLE = "127.0.0.1:9404"
 _FORM = re.compile(r"^(?:(?P<host>[A-Za-z0-9.-]*)|\[(?P<v6>[0-9A-Fa-f:.%A-Za-z]+)\]):(?P<port>[0-9]{1,5})$")
 
 
-class MetricsAddressError(ValueError):
+class MetricsAddressError(HvdElasticError, ValueError):
     """A metrics address that is not ``[HOST]:PORT``; the message is one line naming it."""
 
 

@@ -30,6 +30,7 @@ import time
 
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
+from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.nodeagent.leave import wait_for_leave
 from hvd_elastic.options import (
     CONSUL_FAILURES,
@@ -69,7 +70,7 @@ def _default_reason() -> str:
     return f"drained by {user}@{socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}"
 
 
-class NotRegistered(LookupError):
+class NotRegistered(HvdElasticError, LookupError):
     """The service (or service ID) to drain is not registered on this agent."""
 
 

@@ -18,7 +18,9 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from hvd_elastic.training.events import EVENTS as EVENT_NAMES, json_objects
+from hvd_elastic.errors import HvdElasticError
+from hvd_elastic.training.events import EVENTS as EVENT_NAMES
+from hvd_elastic.training.events import json_objects
 
 EVENTS = "events.jsonl"
 PROGRESS = "progress.jsonl"
@@ -30,7 +32,7 @@ NEEDED_NUMBERS: dict[str, tuple[str, ...]] = {"start": ("size",), "commit": ("si
 PROGRESS_FIELDS = ("time", "step", "size")
 
 
-class RunDirError(ValueError):
+class RunDirError(HvdElasticError, ValueError):
     """The run directory cannot be reported on; the message is one line."""
 
 

@@ -31,6 +31,8 @@ import os
 import socket
 from pathlib import Path
 
+from hvd_elastic.errors import HvdElasticError
+
 PROTOCOL = 1
 NAME_ENV = "HVD_ELASTIC_STANDBY"
 DIR_ENV = "HVD_ELASTIC_STANDBY_DIR"
@@ -40,7 +42,7 @@ STDIO_FDS = 3
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 
 
-class ProtocolError(RuntimeError):
+class ProtocolError(HvdElasticError, RuntimeError):
     """The other side sent something this side does not understand."""
 
 

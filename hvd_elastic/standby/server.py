@@ -48,6 +48,7 @@ import time
 
 import hvd_elastic
 from hvd_elastic import sdnotify
+from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.options import command_name, env, fail, standby_name
 from hvd_elastic.standby import child, protocol
 
@@ -62,7 +63,7 @@ KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of an abandoned worker
 TICK = 0.5  # seconds: how often the loop looks at signals and deadlines
 
 
-class StandbyError(RuntimeError):
+class StandbyError(HvdElasticError, RuntimeError):
     """The standby cannot start (one line, names what is wrong)."""
 
 

@@ -64,8 +64,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from hvd_elastic.training.events import describe_error
+from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.training._internal.snapshot import check_loadable
+from hvd_elastic.training.events import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +431,7 @@ def _file_in_the_way(directory: Path) -> str:
     return "a part of its path"
 
 
-class UnreadableCheckpoints(RuntimeError):
+class UnreadableCheckpoints(HvdElasticError, RuntimeError):
     """A checkpoint directory holds checkpoints and none of them loads."""
 
     def __init__(self, directory: Path, refused: list["_Invalid"]) -> None:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hvd_elastic.envvars import env_bool
+from hvd_elastic.errors import HvdElasticError
 
 LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
 MARKER_PREFIX = ".hvd-elastic-shared-"
@@ -62,7 +63,7 @@ OVERRIDE = (f"pass checkpoint_dir_shared=False to hvd_elastic.run (or set {LOCAL
 DEFAULT_SETTLE = 2.0  # seconds a rank keeps looking for a marker it does not see
 
 
-class SharedDirError(RuntimeError):
+class SharedDirError(HvdElasticError, RuntimeError):
     """The checkpoint directory is not the same directory on every rank (or rank 0 cannot prove it is)."""
 
 
