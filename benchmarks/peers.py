@@ -63,6 +63,7 @@ class Run:
     end: float = 0.0
     exit_code: int | None = None
     relaunches: int = 0
+    deaths: list[dict] = field(default_factory=list)  # the job ended unfinished: time, exit code
     final: dict = field(default_factory=dict)
 
 
@@ -81,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.1, help="stand-in compute per step (s)")
     parser.add_argument("--limit", type=float, default=900.0,
                         help="a run may last this long after its last fault before it is ended (s)")
+    parser.add_argument("--relaunches", type=int, default=10,
+                        help="times a job that ends unfinished is started again, as a scheduler would (default 10)")
     parser.add_argument("--smoke", action="store_true", help="no faults, one short epoch per stack: does it run")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/peers.json"))
     parser.add_argument("--png", type=Path, default=None, help="the timelines picture (default: next to --json)")
@@ -175,7 +178,8 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
         first = _wait_first_step(stack, timeout=300.0)
         pending = list(faults)
         deadline = first + (faults[-1].at if faults else 0.0) + args.limit
-        while stack.running() and time.time() < deadline:
+        relaunches = args.relaunches if faults else 0  # the reference run must not die
+        while time.time() < deadline and (stack.running() or _relaunched(stack, run, injector, relaunches)):
             elapsed = time.time() - first
             while pending and pending[0].at <= elapsed:
                 record = injector.inject(pending.pop(0))
@@ -191,6 +195,17 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
         run.final = json.loads(final.read_text()) if final.exists() else {}
         run.faults += [{"kind": f.kind, "skipped": "the job ended first"} for f in pending]
     return run
+
+
+def _relaunched(stack: peers.Stack, run: Run, injector: Injector, most: int) -> bool:
+    """The job ended unfinished: start it again, as the user's scheduler would, up to ``most`` times."""
+    if (stack.out / "final.json").exists() or stack.launches > most:
+        return False
+    code = stack.wait(0.0)
+    print(f"  {stack.name}: the job ended unfinished (exit {code}); relaunched", flush=True)
+    run.deaths.append({"time": time.time(), "exit_code": code})
+    stack.launch(out=injector.out)
+    return True
 
 
 def _wait_first_step(stack: peers.Stack, timeout: float) -> float:
@@ -214,10 +229,12 @@ def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None
     kept_times = sorted({row["t"] for row in rows if row["chain"] in kept})
     wall = max(run.end - run.start, 1e-9)
     progress = sum(b - a for a, b in zip(kept_times, kept_times[1:]) if b - a <= STEP_GAP_S)
-    useful = sum(len(row["samples"]) for row in rows if row["chain"] in kept)
+    # A sample trained twice in an epoch (a lossy stack's replay) is useful once.
+    useful = verdict.unique_samples
     record = {"stack": run.stack, "wall_s": round(wall, 1), "exit_code": run.exit_code,
               "faults_injected": sum("skipped" not in f for f in run.faults),
               "faults_skipped": sum("skipped" in f for f in run.faults), "relaunches": run.relaunches,
+              "deaths": run.deaths,
               "steps_kept": verdict.steps_kept, "steps_thrown": verdict.steps_thrown,
               "samples_lost": verdict.lost, "samples_duplicated": verdict.duplicated,
               "chain_broken": verdict.broken, "useful_samples_per_s": round(useful / wall, 2),
@@ -287,6 +304,19 @@ def picture(runs: list[tuple[Run, list[dict], set[int]]], path: Path) -> None:
     plt.close(fig)
 
 
+def versions() -> dict[str, str]:
+    """What each stack ran on, for the record."""
+    import importlib.metadata as md
+    import subprocess
+
+    found = {name: md.version(name) for name in ("torch", "horovod")}
+    torchft = list(md.distributions(name="torchft", path=[str(peers.PEERS_SITE)]))
+    found["torchft"] = torchft[0].version if torchft else "not installed (scripts/bootstrap.sh, step 5b)"
+    consul = subprocess.run([str(peers.VENV_BIN / "consul"), "version"], capture_output=True, text=True)
+    found["consul"] = consul.stdout.split("\n")[0] if consul.returncode == 0 else "not installed"
+    return found
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.seed is None:
@@ -319,7 +349,8 @@ def main(argv=None) -> int:
                 timelines.append((run, rows, verdict.kept))
     print(table(records))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"seed": args.seed, "hosts": args.hosts, "records": records}, indent=1))
+    args.json.write_text(json.dumps({"seed": args.seed, "hosts": args.hosts, "versions": versions(),
+                                     "records": records}, indent=1))
     picture(timelines, args.png or args.json.with_suffix(".png"))
     problems = [r["stack"] for r in records if r["exit_code"] not in (0, None) or r["chain_broken"]]
     if problems:

@@ -71,6 +71,7 @@ class Verdict:
     kept: set[int] = field(default_factory=set)  # chain values of the steps the final model descends from
     steps_thrown: int = 0  # step attempts (one chain value) no kept step descends from
     epochs: dict[int, dict[str, int]] = field(default_factory=dict)  # epoch -> trained, lost, duplicated
+    unique_samples: int = 0  # distinct (epoch, sample) pairs the kept steps trained, every epoch counted
     broken: str = ""  # why the chain could not be walked ('' when it could)
 
     @property
@@ -112,6 +113,7 @@ def judge(rows: list[dict], final_chain: int, samples: int, complete_epochs: int
     for chain in kept:
         for row in by_chain[chain]:
             trained[row["epoch"]].update(row["samples"])
+    verdict.unique_samples = sum(len(counts) for counts in trained.values())
     for epoch in range(complete_epochs):
         counts = trained.get(epoch, Counter())
         verdict.epochs[epoch] = {"trained": sum(counts.values()), "lost": samples - len(counts),

@@ -34,6 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import psutil
@@ -47,7 +48,7 @@ from .netns import LAUNCHER, NetnsBed
 
 TRAIN = REPO / "benchmarks" / "peers_train.py"
 PEERS_SITE = VENV_BIN.parent / "peers"  # torchft and its dependencies (scripts/bootstrap.sh, step 5b)
-STACKS = ("hvd-elastic", "horovod", "torchrun", "torchft")
+STACKS = ("hvd-elastic", "horovod", "horovod-tuned", "torchrun", "torchft")
 C10D_PORT, LIGHTHOUSE_PORT, GROUP_PORT = 29400, 29510, 29600
 MAX_RESTARTS = 100  # torchrun counts every membership change as a restart
 
@@ -77,8 +78,11 @@ class Stack:
         for job in reversed(self.jobs):
             job.kill()
 
-    def launch(self) -> None:
-        """Start the job (again, after a whole-job loss: each stack resumes as it can)."""
+    def launch(self, out: Collection[str] = ()) -> None:
+        """Start the job (again, after a whole-job loss: each stack resumes as it can).
+
+        ``out``: hosts crashed, cut off or gone for now; their return brings them in.
+        """
         raise NotImplementedError
 
     def running(self) -> bool:
@@ -148,8 +152,8 @@ class HvdElastic(Stack):
         self.cluster.close()
         shutil.rmtree(self._run_dir, ignore_errors=True)
 
-    def launch(self) -> None:
-        self.launches += 1
+    def launch(self, out: Collection[str] = ()) -> None:
+        self.launches += 1  # discovery keeps the hosts that are out away
         through = [str(VENV_BIN / "hvd-elastic"), "exec", "--standby", self.cluster.standby, "--"]
         discovery = f"{VENV_BIN / 'consul_hosts'} --http-addr {self.cluster.consul_addr()}"
         np = len(self.cluster.bed.hosts)
@@ -181,6 +185,7 @@ class HvdElastic(Stack):
 
 class Horovod(Stack):
     name = "horovod"
+    tuning: tuple[str, ...] = ()  # horovodrun's defaults
 
     def __enter__(self) -> Stack:
         super().__enter__()
@@ -195,11 +200,11 @@ class Horovod(Stack):
     def _write_hosts(self, hosts: list[str]) -> Path:
         return host_file_discovery(self.out / "hosts", "".join(f"{h}:1\n" for h in hosts))
 
-    def launch(self) -> None:
+    def launch(self, out: Collection[str] = ()) -> None:
         self.launches += 1
-        discovery = self._write_hosts(self.hosts())
+        discovery = self._write_hosts([h for h in self.hosts() if h not in out])
         cmd = horovodrun_elastic(str(discovery), len(self.hosts()), 1, 64, "--network-interface", "eth0",
-                                 *self._train(self.name))
+                                 *self.tuning, *self._train("horovod"))
         env = self.bed.env(child_env(HVD_ELASTIC_DRIVER="0"))
         self.launchers = {LAUNCHER: self._start(self.bed.on(LAUNCHER, cmd), env, f"horovodrun.{self.launches}")}
 
@@ -221,6 +226,14 @@ class Horovod(Stack):
         return [line.split(":")[0] for line in (self.out / "hosts").read_text().split()]
 
 
+class HorovodTuned(Horovod):
+    """Stock Horovod with the blacklist cooldown its elastic docs show: by default a host that failed
+    once stays out for the rest of the job, so a crashed or frozen host never comes back."""
+
+    name = "horovod-tuned"
+    tuning = ("--blacklist-cooldown-range", "10", "100")
+
+
 # -- PyTorch's two ---------------------------------------------------------------------------------------------
 
 
@@ -237,10 +250,11 @@ class _PerHost(Stack):
         super().__exit__(*exc_info)
         self.bed.close()
 
-    def launch(self) -> None:
+    def launch(self, out: Collection[str] = ()) -> None:
         self.launches += 1
         for host in self.hosts():
-            self.revive(host)
+            if host not in out:
+                self.revive(host)
 
     def leave(self, host: str) -> None:
         self.launchers[host].signal(signal.SIGTERM)
@@ -265,10 +279,13 @@ class Torchrun(_PerHost):
         return self
 
     def revive(self, host: str) -> None:
+        # An agent that fails shuts its rendezvous down for good: each launch is a new one, as a
+        # scheduler's next attempt of the job would be.
         cmd = [VENV_BIN / "torchrun", "--nnodes", f"1:{len(self.hosts()) + 4}", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.bed.launcher.address}:{C10D_PORT}",
-               "--rdzv-id", "peers", "--rdzv-conf", "is_host=false", "--max-restarts", str(MAX_RESTARTS),
-               "--local-addr", self.bed.hosts[host].address, *self._train(self.name)[1:]]
+               "--rdzv-id", f"peers{self.launches}", "--rdzv-conf", "is_host=false",
+               "--max-restarts", str(MAX_RESTARTS), "--local-addr", self.bed.hosts[host].address,
+               *self._train(self.name)[1:]]
         self.launchers[host] = self._start(self.bed.on(host, cmd), child_env(PEERS_HOST=host),
                                         f"torchrun.{host}.{self.launches}")
 
@@ -302,7 +319,7 @@ class Torchft(_PerHost):
 
 def make(name: str, workdir: Path, hosts: int, train_args: tuple[str, ...] = ()) -> Stack:
     """The stack called ``name`` (one of :data:`STACKS`)."""
-    classes = {cls.name: cls for cls in (HvdElastic, Horovod, Torchrun, Torchft)}
+    classes = {cls.name: cls for cls in (HvdElastic, Horovod, HorovodTuned, Torchrun, Torchft)}
     if name not in classes:
         raise ValueError(f"unknown stack {name!r}: expected one of {', '.join(STACKS)}")
     return classes[name](workdir, hosts, train_args)

@@ -29,6 +29,7 @@ def test_a_rollback_throws_its_steps_away_and_the_retrained_samples_count_once(t
     assert len(kept) == 4 and root == 0
     verdict = judge(rows, final, samples=8, complete_epochs=1)
     assert (verdict.steps_kept, verdict.steps_thrown, verdict.lost, verdict.duplicated) == (4, 1, 0, 0)
+    assert verdict.unique_samples == 8  # the thrown step's samples are not useful
     assert verdict.broken == ""
 
 
@@ -37,5 +38,6 @@ def test_lost_and_duplicated_samples_and_a_broken_chain_are_counted(tmp_path):
     final = steps(writer, 0, 1, 1, [[0, 1], [0, 3]])  # sample 0 twice, 2 never
     verdict = judge(read_rows(str(tmp_path)), final, samples=4, complete_epochs=1)
     assert (verdict.lost, verdict.duplicated) == (1, 1)
+    assert verdict.unique_samples == 3  # goodput counts the twice-trained sample once
     orphan = steps(writer, 12345, 1, 9, [[1, 2]])  # a parent no row has: rows went missing
     assert "breaks at 12345" in judge(read_rows(str(tmp_path)), orphan, samples=4, complete_epochs=1).broken
