@@ -16,6 +16,10 @@ It talks to Consul through :mod:`hvd_elastic.consul`, as every command does.
 * :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 * :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
+* :mod:`.lost` -- Consul's verdict that a host of a running world failed its health checks.
+* :mod:`.reaper` -- the launcher's side of a lost host: end horovodrun's worker sessions to it,
+  once :mod:`.host_answers` finds it no longer answers; :mod:`.procfs` reads the ``/proc`` facts it needs.
+* :mod:`.token_guard` -- keeps the Consul ACL token off other users' screens (discovery and the doctor).
 
 The imports between these modules form no cycle, not even through an import
 inside a function (``tests/discovery/test_import_cycles.py`` walks them all):

@@ -22,7 +22,7 @@ from ..errors import HTTPError
 from ..httpserver import Request, Response
 
 if TYPE_CHECKING:
-    from ..agent import LocalAgent
+    from ..local_agent import LocalAgent
     from ..cluster import ClusterState
 
 DEFAULT_WAIT_S = 300.0

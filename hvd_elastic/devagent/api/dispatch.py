@@ -24,7 +24,7 @@ from . import agent, catalog_write, health, kv, session, status  # noqa: F401  (
 from .base import ROUTES, Context, Route, json_response, meta_headers
 
 if TYPE_CHECKING:
-    from ..agent import LocalAgent
+    from ..local_agent import LocalAgent
     from ..cluster import ClusterState
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,11 @@
   and every private Horovod/torch attribute the library depends on;
 * :mod:`.forksafe`, :mod:`.gloo_hangup`, :mod:`.health_cut`, :mod:`.shared_dir`
   -- fork safety, the hang-up of stuck Gloo connections, the health-driven cut
-  and the shared checkpoint-directory check that :func:`hvd_elastic.run` turns on.
+  and the shared checkpoint-directory check that :func:`hvd_elastic.run` turns on;
+* :mod:`.rendezvous`, :mod:`.join_ahead` -- Horovod's rendezvous server as a
+  worker asks it (its place in the next world, whether that world is doomed),
+  and the join that lets the survivors train on while a newcomer starts;
+* :mod:`.objects` -- small Python objects between the ranks, one collective each.
 
 What users import lives one level up: ``state``, ``runner``, ``sampler``,
 ``batching``, ``checkpoint``, ``events`` and ``components``.
