@@ -51,6 +51,7 @@ has passed takes as leaving the new world.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import queue
@@ -70,7 +71,14 @@ ENV = "HVD_ELASTIC_JOIN_AHEAD"
 POLL_S = 0.02  # rank 0's look at the forming world's store
 ANSWER_WAIT_S = 10.0  # a rank's wait for its own answer once rank 0 has one (the driver sent both at once)
 
-ASK, WAIT, GO, AGAIN = "ask", "wait", "go", "again"
+
+class Verdict(enum.Enum):
+    """Rank 0's verdict at a check, broadcast with the hosts' timestamps (the module docstring says each)."""
+
+    ASK = "ask"
+    WAIT = "wait"
+    GO = "go"
+    AGAIN = "again"
 
 
 _loops_taking_answers = 0  # how many elastic loops of this process re-initialise with a JoinInterrupt's answer
@@ -185,12 +193,12 @@ class HostCheck:
             newest, update = last_updated, HostUpdateResult.no_update
         verdict = self._verdict(last_updated, newest, update, now) if hvd.rank() == 0 else None
         prev, newest, update, verdict = self._broadcast((last_updated, newest, update, verdict))
-        if verdict == ASK:
+        if verdict == Verdict.ASK:
             self._ask(newest, now)
             return prev, None
-        if verdict == WAIT:
+        if verdict == Verdict.WAIT:
             return prev, None
-        if verdict in (GO, AGAIN):
+        if verdict in (Verdict.GO, Verdict.AGAIN):
             answer = self._answer_for(verdict)
             asked, self._asked_timestamp = self._asked_timestamp, 0.0
             self.reset()
@@ -213,17 +221,17 @@ class HostCheck:
                 update |= result
         return newest, update
 
-    def _verdict(self, prev: float, newest: float, update: int, now: float) -> str | None:
+    def _verdict(self, prev: float, newest: float, update: int, now: float) -> Verdict | None:
         question = self._question
         if question is not None:
             if question.arrived.is_set():
-                return GO
+                return Verdict.GO
             if question.error is not None or question.doomed or now - self._asked_at > self._deadline_s:
-                return AGAIN
-            return WAIT
+                return Verdict.AGAIN
+            return Verdict.WAIT
         if (newest > prev and update == HostUpdateResult.added and self._enabled and self._server is not None
                 and _loops_taking_answers > 0 and self._interval < self._deadline_s / 4):
-            return ASK
+            return Verdict.ASK
         return None
 
     def _ask(self, timestamp: float, now: float) -> None:
@@ -233,9 +241,9 @@ class HostCheck:
         if hvd.rank() == 0:
             log.info("hosts added: training on at %d ranks while horovodrun starts the new ones", hvd.size())
 
-    def _answer_for(self, verdict: str) -> str | None:
+    def _answer_for(self, verdict: Verdict) -> str | None:
         question = self._question
-        if verdict == AGAIN:
+        if verdict == Verdict.AGAIN:
             if hvd.rank() == 0 and question is not None and question.doomed:
                 log.warning("join ahead: the new world cannot form: %s; re-initialising the stock way",
                             question.doomed)
