@@ -73,3 +73,12 @@ def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = N
     if not 0 <= value < float("inf"):
         raise ConfigError(f"{name}={raw!r} is not a duration >= 0 ({DURATION})")
     return value
+
+
+def horovod_hostname() -> str:
+    """This rank's host as horovodrun names it (its host file or discovery line); '' outside horovodrun.
+
+    horovodrun sets ``HOROVOD_HOSTNAME`` for its workers: a coupling listed in
+    :mod:`hvd_elastic.training._internal.compat`, read here and nowhere else.
+    """
+    return os.environ.get("HOROVOD_HOSTNAME", "")

@@ -63,6 +63,7 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from prometheus_client import CollectorRegistry
 
+from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.metrics import address as metrics_address
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
@@ -193,7 +194,7 @@ class _Session:
         self._active = True  # listeners of a finished call go quiet (states keep their listeners)
         self._rank = hvd.rank()
         self._size = hvd.size()
-        self._host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        self._host = horovod_hostname() or socket.gethostname()
         self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
         self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
         # Read once: a bad HVD_ELASTIC_CHECKPOINT_LOCAL is an error now, on every rank.

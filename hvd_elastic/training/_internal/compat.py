@@ -20,6 +20,9 @@ HostUpdateResult``
 ``LRScheduler._last_lr``             ``get_last_lr()`` after a policy rescales LRs
 ``Tensor._version``                  "unchanged since the commit" (sync fast path)
 ``torch._foreach_copy_``             one batched copy of many tensors
+``State._last_updated_timestamp``,   ``TrainingState``'s host check (join-ahead's
+``_host_messages``                   verdicts in place of Horovod's
+                                     ``check_host_updates``)
 =================================== ============================================
 
 The couplings that are not attributes, so no import can check them; each is
@@ -41,7 +44,7 @@ keep on HostsUpdatedInterrupt,       own (``tests/training_run/test_elastic_loop
 shutdown, rendezvous, on_reset,
 sync)
 horovodrun's environment for the     ``HOROVOD_HOSTNAME`` names a rank's host
-workers: ``HOROVOD_HOSTNAME``,       (runner, health cut); every variable is copied
+workers: ``HOROVOD_HOSTNAME``,       (read by ``envvars.horovod_hostname`` only); every variable is copied
 ``HOROVOD_ELASTIC=1``, and every     onto the workers' ssh command lines, which is
 launcher variable copied onto the    why a token in it is refused
 ssh command line                     (:mod:`hvd_elastic.discovery.token_guard`)
@@ -62,6 +65,11 @@ the frame that iterates an           :func:`hvd_elastic.training.sampler.
 ``self``: a DataLoader iterator or   ``sampler=`` from ``batch_sampler=``;
 a ``BatchSampler``), read with       ``tests/training_state/test_api_misuse.py``
 ``sys._getframe``                    shows a change
+``multiprocessing.popen_fork.Popen.  :mod:`.forksafe` tells a daemonic
+_launch``'s local ``process_obj``,   ``Process`` from other forks; were it moved,
+read from the frame that forks       such children would merely not die with
+                                     their parent (``tests/training_run/
+                                     test_forksafe_unit.py``)
 =================================== ============================================
 """
 

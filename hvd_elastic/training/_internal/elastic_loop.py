@@ -46,6 +46,7 @@ import os
 from typing import Callable
 
 import horovod.torch as hvd
+from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.training._internal import gloo_hangup, health_cut, join_ahead, objects, rendezvous
 from hvd_elastic.training._internal.compat import notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 def _new_world(needs_sync: bool) -> tuple[bool, list[str]]:
     """The first collective of every world: whether any rank needs the sync, and every rank's host name
     (by rank)."""
-    ranks = objects.allgather_object((needs_sync, os.environ.get("HOROVOD_HOSTNAME", "")), name="hvd_elastic.world")
+    ranks = objects.allgather_object((needs_sync, horovod_hostname()), name="hvd_elastic.world")
     return any(needs for needs, _ in ranks), [host for _, host in ranks]
 
 
@@ -72,7 +73,7 @@ def _reset(answer: str | None, gloo_timeout: float) -> tuple[str, ...]:
     server = rendezvous.Server.from_env()
     try:
         if server is not None and server.world() is not None:
-            answer, hosts = rendezvous.next_world(server, os.environ.get("HOROVOD_HOSTNAME", ""), local_rank,
+            answer, hosts = rendezvous.next_world(server, horovod_hostname(), local_rank,
                                                   answer, gloo_timeout)
     except rendezvous.ERRORS as exc:
         log.warning("the driver's rendezvous server failed a request (%s): re-initialising as Horovod does", exc)

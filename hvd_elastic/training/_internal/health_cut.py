@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 
-from hvd_elastic.envvars import ConfigError, env_bool
+from hvd_elastic.envvars import ConfigError, env_bool, horovod_hostname
 from hvd_elastic.discovery import lost
 from hvd_elastic.training._internal import gloo_hangup
 
@@ -151,7 +151,7 @@ def start() -> HealthCut | None:
     except ConfigError as exc:
         log.warning("health cut off: %s", exc)
         return None
-    cut = HealthCut(os.environ.get("HOROVOD_HOSTNAME", ""), grace)
+    cut = HealthCut(horovod_hostname(), grace)
     cut.start(fetch, failures)
     return cut
 

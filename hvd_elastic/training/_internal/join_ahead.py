@@ -53,14 +53,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import os
 import queue
 import threading
 import time
 from typing import Any, Callable
 
 import horovod.torch as hvd
-from hvd_elastic.envvars import env_bool
+from hvd_elastic.envvars import env_bool, horovod_hostname
 from hvd_elastic.training._internal import rendezvous
 from hvd_elastic.training._internal.compat import HostUpdateResult
 from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -236,7 +235,7 @@ class HostCheck:
 
     def _ask(self, timestamp: float, now: float) -> None:
         self._asked_timestamp, self._asked_at = timestamp, now
-        self._question = Question(self._server, os.environ.get("HOROVOD_HOSTNAME", ""), hvd.local_rank(),
+        self._question = Question(self._server, horovod_hostname(), hvd.local_rank(),
                                   hvd.size(), watch=hvd.rank() == 0)
         if hvd.rank() == 0:
             log.info("hosts added: training on at %d ranks while horovodrun starts the new ones", hvd.size())

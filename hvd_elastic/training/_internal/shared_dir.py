@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from hvd_elastic.envvars import env_bool
+from hvd_elastic.envvars import env_bool, horovod_hostname
 from hvd_elastic.errors import HvdElasticError
 
 LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
@@ -135,7 +135,7 @@ def enabled(shared: bool = True) -> bool:
 def host_label() -> str:
     """This host's name for messages: ``socket.gethostname()``, plus Horovod's name for it when that differs."""
     name = socket.gethostname()
-    horovod = os.environ.get("HOROVOD_HOSTNAME")
+    horovod = horovod_hostname()
     return f"{name} as {horovod}" if horovod and horovod != name else name
 
 
