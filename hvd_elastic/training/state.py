@@ -67,7 +67,6 @@ the next commit overwrites them.  A background writer must either hold
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -81,6 +80,7 @@ from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfe
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training._internal.objects import allgather_object, broadcast_object
+from hvd_elastic.training._internal.sync import move
 from hvd_elastic.training._internal.flat import DEFAULT_BUCKET_BYTES, FlatBuffer, FlatLayout, copy_tensors
 from hvd_elastic.training._internal.rng import RNGState
 from hvd_elastic.training._internal.snapshot import SNAPSHOT_FORMAT, check_loadable, tree_copy
@@ -329,41 +329,15 @@ class TrainingState(State):
         besides ``commit()`` checked for host updates, PyTorch's version counters
         moved, or a fused optimizer hides them), it copies them into its buffer
         first.  Then only what ranks lack moves
-        (:mod:`~hvd_elastic.training._internal.transfer`): the ranks outside rank 0's
+        (:mod:`~hvd_elastic.training._internal.sync`): the ranks outside rank 0's
         lineage are sent everything at once, while the ranks of the lineage
         prove with digests of their buffers which tensors they hold exactly,
-        and what the digests show differs moves after.  So nothing moves after
-        a failure all survivors restored from, and after a join only the
-        joiner's share.  Changes made through ``.data`` escape version
-        counters: ``commit()`` after making them.
+        and what the digests show differs moves after.  Changes made through
+        ``.data`` escape version counters: ``commit()`` after making them.
         """
         start = time.perf_counter()
-        rank, size = hvd.rank(), hvd.size()
-        if rank == 0:
-            named, meta = self._capture()
-            live = [t for _, t in named]
-            # After a restore, or an interrupt raised by commit(), the live
-            # tensors ARE the committed copy: nothing to copy, and the other
-            # ranks may hold it already.
-            copying = self._clean_versions is None or self._clean_versions != compat.tensor_versions(live)
-            with self.snapshot_lock:
-                before = self._buffer
-                layout = self._buffer_for(FlatLayout.of(named)).layout
-                if self._buffer is not before:  # a new layout: nobody holds any of it
-                    copying, self._lineage = True, transfer.new_lineage()
-            # Copying keeps the lineage: the digests show whether the live tensors really moved.
-            header = {"layout": layout.describe(), "meta": meta, "lineage": self._lineage}
-            # Rank 0 offers the header, every other rank its lineage: one collective tells
-            # everyone who may hold rank 0's committed tensors at all.
-            offers = allgather_object(header, name="hvd_elastic.sync.header")
-        else:
-            offers = allgather_object(self._lineage, name="hvd_elastic.sync.header")
-            header = offers[0]
-            layout, meta, copying = FlatLayout.parse(header["layout"]), header["meta"], False
-            live = self._live_tensors()
-        lineage = tuple(header["lineage"])
-        # Only ranks of rank 0's lineage can hold its tensors; with none, nobody hashes.
-        sharers = [r for r in range(1, size) if tuple(offers[r]) == lineage]
+        rank = hvd.rank()
+        layout, meta, lineage, sharers, copying, live = self._exchange_headers()
         targets = {} if rank == 0 else self._targets(meta)
         done: set[str] = set()
         with self.snapshot_lock:
@@ -371,57 +345,17 @@ class TrainingState(State):
             # A rank whose live tensors are its committed ones needs no unpacking of what it holds.
             clean = held and self._clean_versions is not None and self._clean_versions == compat.tensor_versions(live)
             buffer = self._buffer_for(layout)
-            count = len(layout)
-            # Round one, from the lineages: everything to the ranks outside rank 0's lineage, from
-            # rank 0 and the ranks of its lineage.
-            first = transfer.Plan.lacking(size, count, (r for r in range(1, size) if r not in sharers))
-            # Round two, from the digests, whenever a rank besides 0 is trusted by its lineage: the
-            # ranks of the lineage hash their buffers while round one is on the wire, its receivers
-            # what they are sent.
-            verify = bool(sharers)
-            todo = transfer.units(buffer, first, self.bucket_bytes)
-            # Rank 0 copies its live tensors as it sends them, unless its digests must be of the
-            # copy (or it sends nothing): then it copies them all first.
-            fill_as_sent = copying and not verify and bool(todo)
-            if copying and not fill_as_sent:
-                buffer.copy_from(live)
-            table = transfer.empty_table(count)
-            hashing = verify and held and self._lineage == lineage
-            meanwhile = [functools.partial(transfer.hash_into, table, buffer, [i])
-                         for i in range(count if hashing else 0)]
-
-            def fill(indices: list[int]) -> None:
-                buffer.copy_indices(indices, live)
 
             def unpack(indices: list[int]) -> None:
                 # Straight into the live tensors while the next bucket is on the wire.
                 done.update(self._unpack(buffer, indices, targets))
 
-            def unpack_and_hash(indices: list[int]) -> None:
-                unpack(indices)
-                transfer.hash_into(table, buffer, indices)
-
-            wire = time.perf_counter()
-            sent, received = transfer.transfer(todo, rank=rank, name="hvd_elastic.sync.bucket",
-                                               fill=fill if fill_as_sent else None,
-                                               unpack=unpack_and_hash if verify else unpack,
-                                               window_bytes=2 * self.bucket_bytes, meanwhile=meanwhile)
-            chosen, proof = first, "lineages"
-            if verify:
-                for work in meanwhile:  # what the transfer did not hide
-                    work()
-                second = transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
-                fixes = transfer.units(buffer, second, self.bucket_bytes)
-                more_sent, more_received = transfer.transfer(fixes, rank=rank, name="hvd_elastic.sync.fix",
-                                                             unpack=unpack, window_bytes=2 * self.bucket_bytes)
-                todo, sent, received = todo + fixes, sent + more_sent, received + more_received
-                chosen, proof = first | second, "digests"
-            method = transfer.methods(todo)
-            wire = time.perf_counter() - wire
+            moved = move(buffer, sharers=sharers, hashing=held and self._lineage == lineage, copying=copying,
+                         live=live, unpack=unpack, bucket_bytes=self.bucket_bytes)
             self._meta = meta
             self._lineage = lineage
             if rank != 0:
-                kept = [i for i in range(len(layout)) if i not in chosen.needs[rank]]
+                kept = [i for i in range(len(layout)) if i not in moved.plan.needs[rank]]
                 if clean:
                     done.update(layout.specs[i].key for i in kept)
                 else:  # its live tensors moved on since its commit: back to the committed ones
@@ -432,10 +366,37 @@ class TrainingState(State):
             component.after_sync(rank)
         self._mark_clean()
         self._apply_world()
-        # broadcast_seconds: both rounds, with the copies and the hashing they overlap
-        self._emit("sync", seconds=time.perf_counter() - start, bytes=sent + received, sent_bytes=sent,
-                   received_bytes=received, transfer=method, receivers=len(chosen.receivers), plan=proof,
-                   broadcast_seconds=wire)
+        self._emit("sync", seconds=time.perf_counter() - start, bytes=moved.sent + moved.received,
+                   sent_bytes=moved.sent, received_bytes=moved.received, transfer=moved.method,
+                   receivers=len(moved.plan.receivers), plan=moved.proof, broadcast_seconds=moved.wire_seconds)
+
+    def _exchange_headers(self) -> tuple[FlatLayout, dict, tuple, list[int], bool, list[torch.Tensor]]:
+        """Collective, sync's first step: rank 0 offers its layout, small state and lineage, every other
+        rank its lineage.  Returns rank 0's layout, small state and lineage, the other ranks of that
+        lineage, whether this rank must copy its live tensors into its buffer (rank 0 only), and them."""
+        if hvd.rank() == 0:
+            named, meta = self._capture()
+            live = [t for _, t in named]
+            # After a restore, or an interrupt raised by commit(), the live tensors ARE the
+            # committed copy: nothing to copy, and the other ranks may hold it already.
+            copying = self._clean_versions is None or self._clean_versions != compat.tensor_versions(live)
+            with self.snapshot_lock:
+                before = self._buffer
+                layout = self._buffer_for(FlatLayout.of(named)).layout
+                if self._buffer is not before:  # a new layout: nobody holds any of it
+                    copying, self._lineage = True, transfer.new_lineage()
+            # Copying keeps the lineage: the digests show whether the live tensors really moved.
+            header = {"layout": layout.describe(), "meta": meta, "lineage": self._lineage}
+            offers = allgather_object(header, name="hvd_elastic.sync.header")
+        else:
+            offers = allgather_object(self._lineage, name="hvd_elastic.sync.header")
+            header = offers[0]
+            layout, meta, copying = FlatLayout.parse(header["layout"]), header["meta"], False
+            live = self._live_tensors()
+        lineage = tuple(header["lineage"])
+        # Only ranks of rank 0's lineage can hold its tensors; with none, nobody hashes.
+        sharers = [r for r in range(1, len(offers)) if tuple(offers[r]) == lineage]
+        return layout, meta, lineage, sharers, copying, live
 
     def reset(self) -> None:
         """Called by Horovod after every reset, before ``sync`` (which a removal-only reset skips)."""

@@ -1,8 +1,8 @@
 """The training library's internals: nothing here is API, and any of it may change.
 
-* :mod:`.flat`, :mod:`.transfer`, :mod:`.snapshot`, :mod:`.rng` -- how
-  :class:`~hvd_elastic.training.state.TrainingState` lays out, moves and
-  checkpoints its tensors;
+* :mod:`.flat`, :mod:`.sync`, :mod:`.transfer`, :mod:`.snapshot`, :mod:`.rng` --
+  how :class:`~hvd_elastic.training.state.TrainingState` lays out, syncs, moves
+  and checkpoints its tensors;
 * :mod:`.elastic_loop`, :mod:`.compat` -- the copy of Horovod's elastic loop
   and every private Horovod/torch attribute the library depends on;
 * :mod:`.forksafe`, :mod:`.gloo_hangup`, :mod:`.health_cut`, :mod:`.shared_dir`
