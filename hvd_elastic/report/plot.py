@@ -36,48 +36,14 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
     fig, (ax_loss, ax_size) = plt.subplots(2, 1, sharex=True, figsize=FIGSIZE, dpi=DPI,
                                            gridspec_kw={"height_ratios": [3, 2]})
     try:
-        sizes = [(t - t0, s) for t, s in run.sizes()]
         gaps = [(a - t0, b - t0) for a, b in timeline.stalls]
         for ax in (ax_loss, ax_size):
             for i, (a, b) in enumerate(gaps):
                 ax.axvspan(a, b, color="0.92", zorder=0,
                            label="no steps committed (reset or restart)" if i == 0 and ax is ax_size else None)
-        losses = [(r["time"] - t0, r["loss"]) for r in run.progress if isinstance(r.get("loss"), (int, float))]
-        if losses:
-            for i, segment in enumerate(_split(losses, gaps)):
-                ax_loss.plot(*zip(*segment), color="tab:blue", linewidth=1.2,
-                             label="training loss (rank 0, per step)" if i == 0 else None)
-        else:
-            ax_loss.text(0.5, 0.5, "no loss in progress.jsonl", transform=ax_loss.transAxes, ha="center",
-                         color="grey")
-        ax_loss.set_ylabel("loss")
-        ax_loss.grid(alpha=0.3)
-
-        if sizes:
-            for i, segment in enumerate(_split(sizes, gaps)):
-                ax_size.step(*zip(*segment), where="post", color="black", linewidth=1.5,
-                             label="world size (workers) while training" if i == 0 else None)
-            top = max(s for _, s in sizes)
-            ax_size.set_ylim(0, top + 1)
-            ax_size.set_yticks(range(0, top + 2))
-        ax_size.set_ylabel("world size")
-        ax_size.set_xlabel("seconds since the run started")
-        ax_size.grid(alpha=0.3)
-
-        seen: set[str] = set()
-        for number, change in enumerate(timeline.changes):
-            at = (change.cause["time"] if change.cause else change.time) - t0
-            colour = _COLOURS.get(change.kind, "grey")
-            label = None if change.kind in seen else _LABELS.get(change.kind, change.kind)
-            seen.add(change.kind)
-            for ax in (ax_loss, ax_size):
-                ax.axvline(at, color=colour, linestyle="--", linewidth=1.2, label=label if ax is ax_loss else None)
-            if change.cause:  # name the action above the loss plot, where lines are easiest to follow
-                text = f"{change.cause['action']} {change.cause.get('host') or ''}".strip()
-                # Alternate heights, so labels of events close in time do not overlap.
-                ax_loss.annotate(text, xy=(at, 1.0 if number % 2 == 0 else 0.7), xycoords=("data", "axes fraction"),
-                                 xytext=(2, -4),
-                                 textcoords="offset points", rotation=90, va="top", fontsize=8, color=colour)
+        _draw_loss(ax_loss, run, t0, gaps)
+        _draw_sizes(ax_size, run, t0, gaps)
+        _draw_changes(ax_loss, ax_size, timeline, t0)
         for ax, where in ((ax_loss, "upper right"), (ax_size, "lower right")):
             if ax.get_legend_handles_labels()[0]:  # an empty run has nothing to explain
                 ax.legend(loc=where, fontsize=8, framealpha=0.9)
@@ -89,6 +55,50 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def _draw_loss(ax, run: RunLog, t0: float, gaps: list[tuple[float, float]]) -> None:
+    losses = [(r["time"] - t0, r["loss"]) for r in run.progress if isinstance(r.get("loss"), (int, float))]
+    if losses:
+        for i, segment in enumerate(_split(losses, gaps)):
+            ax.plot(*zip(*segment), color="tab:blue", linewidth=1.2,
+                    label="training loss (rank 0, per step)" if i == 0 else None)
+    else:
+        ax.text(0.5, 0.5, "no loss in progress.jsonl", transform=ax.transAxes, ha="center", color="grey")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+
+
+def _draw_sizes(ax, run: RunLog, t0: float, gaps: list[tuple[float, float]]) -> None:
+    sizes = [(t - t0, s) for t, s in run.sizes()]
+    if sizes:
+        for i, segment in enumerate(_split(sizes, gaps)):
+            ax.step(*zip(*segment), where="post", color="black", linewidth=1.5,
+                    label="world size (workers) while training" if i == 0 else None)
+        top = max(s for _, s in sizes)
+        ax.set_ylim(0, top + 1)
+        ax.set_yticks(range(0, top + 2))
+    ax.set_ylabel("world size")
+    ax.set_xlabel("seconds since the run started")
+    ax.grid(alpha=0.3)
+
+
+def _draw_changes(ax_loss, ax_size, timeline: Timeline, t0: float) -> None:
+    """A dashed line per membership change on both panels, its cause named above the loss."""
+    seen: set[str] = set()
+    for number, change in enumerate(timeline.changes):
+        at = (change.cause["time"] if change.cause else change.time) - t0
+        colour = _COLOURS.get(change.kind, "grey")
+        label = None if change.kind in seen else _LABELS.get(change.kind, change.kind)
+        seen.add(change.kind)
+        for ax in (ax_loss, ax_size):
+            ax.axvline(at, color=colour, linestyle="--", linewidth=1.2, label=label if ax is ax_loss else None)
+        if change.cause:  # name the action above the loss plot, where lines are easiest to follow
+            text = f"{change.cause['action']} {change.cause.get('host') or ''}".strip()
+            # Alternate heights, so labels of events close in time do not overlap.
+            ax_loss.annotate(text, xy=(at, 1.0 if number % 2 == 0 else 0.7), xycoords=("data", "axes fraction"),
+                             xytext=(2, -4), textcoords="offset points", rotation=90, va="top", fontsize=8,
+                             color=colour)
 
 
 def _split(points: list[tuple[float, float]], gaps: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:

@@ -139,11 +139,7 @@ class TrainingState(State):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **values: Any,
     ):
-        for name, value in values.items():
-            if name.startswith("_") or name in _RESERVED or hasattr(type(self), name):
-                raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
-            if not is_stateful(value):
-                check_loadable(value, f"state.{name}")
+        self._check_values(values)
         forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
@@ -177,25 +173,31 @@ class TrainingState(State):
         # Policy bookkeeping is state too: a joining rank must learn from rank 0
         # what LR scale is already applied and what the base world size was.
         self._policy = new_bookkeeping()
-
-        if model is not None:
-            self.register("model", model)
-        if optimizer is not None:
-            self.register("optimizer", optimizer)
-        for i, scheduler in enumerate(self.schedulers):
-            self.register(f"scheduler.{i}", scheduler)
-        if scaler is not None:
-            self.register("scaler", scaler)
-        if sampler is not None:
-            self.register("sampler", sampler)
-        if rng:
-            self.register("rng", RNGState())
-        for name, obj in objects.items():
-            object.__setattr__(self, name, obj)
-            self.register(name, obj)
+        self._register_components(rng, objects)
         self._apply_world()
         self._save()
         self._constructed = True  # from now on a new public attribute is refused (see __setattr__)
+
+    @classmethod
+    def _check_values(cls, values: dict[str, Any]) -> None:
+        """Refuse a user value whose name is taken, or that no checkpoint could hold."""
+        for name, value in values.items():
+            if name.startswith("_") or name in _RESERVED or hasattr(cls, name):
+                raise ValueError(f"user value name {name!r} is reserved by TrainingState; choose another name")
+            if not is_stateful(value):
+                check_loadable(value, f"state.{name}")
+
+    def _register_components(self, rng: bool, objects: dict[str, Any]) -> None:
+        """The constructor's components, in their fixed order (the layout of every commit follows it)."""
+        named = [("model", self.model), ("optimizer", self.optimizer),
+                 *((f"scheduler.{i}", s) for i, s in enumerate(self.schedulers)),
+                 ("scaler", self.scaler), ("sampler", self.sampler), ("rng", RNGState() if rng else None)]
+        for name, component in named:
+            if component is not None:
+                self.register(name, component)
+        for name, obj in objects.items():
+            object.__setattr__(self, name, obj)
+            self.register(name, obj)
 
     # -- registration and listeners ------------------------------------------------------
 

@@ -243,23 +243,9 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     for i, unit in enumerate(u for u in todo if u.method != "relay"):
         if fill is not None:
             fill(list(unit.indices))
-        raw = as_bytes(unit.data)
-        if unit.method == "broadcast":
-            handle = hvd.broadcast_async_(raw, 0, name=f"{name}.{i}")
-            sent += _nbytes(unit.data) if rank == 0 else 0
-        else:
-            splits = [0] * size
-            payload = raw[:0]
-            if rank in unit.donors:
-                bounds = stripe_bounds(raw.numel(), len(unit.donors))
-                k = unit.donors.index(rank)
-                stripe = raw[bounds[k]: bounds[k + 1]]
-                for r in unit.receivers:
-                    splits[r] = stripe.numel()
-                payload = stripe if len(unit.receivers) == 1 else torch.cat([stripe] * len(unit.receivers))
-                sent += payload.numel()
-            handle = hvd.alltoall_async(payload, splits=splits, name=f"{name}.{i}")
-        in_flight.append((unit, handle, raw.numel()))
+        handle, nbytes = _post(unit, rank=rank, size=size, name=f"{name}.{i}")
+        sent += nbytes
+        in_flight.append((unit, handle, _nbytes(unit.data)))
         while len(in_flight) > 1 and sum(n for _, _, n in in_flight) > window_bytes:
             received += finish()
     while in_flight:
@@ -267,6 +253,25 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     relayed = _relay([u for u in todo if u.method == "relay"], rank=rank, size=size, name=f"{name}.relay",
                      fill=fill, unpack=unpack)
     return sent + relayed[0], received + relayed[1]
+
+
+def _post(unit: Unit, *, rank: int, size: int, name: str) -> tuple[object, int]:
+    """Start moving a broadcast or striped ``unit``: its Horovod handle, and the bytes this rank sends."""
+    import horovod.torch as hvd
+
+    raw = as_bytes(unit.data)
+    if unit.method == "broadcast":
+        return hvd.broadcast_async_(raw, 0, name=name), raw.numel() if rank == 0 else 0
+    splits = [0] * size
+    payload = raw[:0]
+    if rank in unit.donors:
+        bounds = stripe_bounds(raw.numel(), len(unit.donors))
+        k = unit.donors.index(rank)
+        stripe = raw[bounds[k]: bounds[k + 1]]
+        for r in unit.receivers:
+            splits[r] = stripe.numel()
+        payload = stripe if len(unit.receivers) == 1 else torch.cat([stripe] * len(unit.receivers))
+    return hvd.alltoall_async(payload, splits=splits, name=name), payload.numel()
 
 
 def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Callable[[list[int]], None] | None,
@@ -313,33 +318,35 @@ def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Calla
         sent += payload.numel()
         return hvd.alltoall_async(payload, splits=splits, name=f"{name}.{step}")
 
-    def land(step: int, arrived: torch.Tensor) -> int:
-        """Copy what ``step`` brought a receiver into its buffer; unpack a unit it completed."""
-        at = 0
-        if step < len(pieces):  # from rank 0: this rank's stripe of the current piece
-            mine = _stripe(pieces[step], rank, size)
-            mine.copy_(arrived[: mine.numel()])
-            at = mine.numel()
-        if step == 0:
-            return 0
-        piece = pieces[step - 1]
-        for k in receivers:  # from every other receiver, in rank order: the rest of the previous piece
-            if k != rank:
-                theirs = _stripe(piece, k, size)
-                theirs.copy_(arrived[at: at + theirs.numel()])
-                at += theirs.numel()
-        if piece.last and unpack is not None:
-            unpack(list(piece.unit.indices))
-        return piece.data.numel()
-
     handle = post(0, None)
     for step in range(len(pieces) + 1):
         arrived = hvd.synchronize(handle)[0]
         if step < len(pieces):
             handle = post(step + 1, arrived)
         if rank != 0:
-            received += land(step, arrived)
+            received += _land(pieces, step, arrived, rank=rank, size=size, unpack=unpack)
     return sent, received
+
+
+def _land(pieces: list[_Piece], step: int, arrived: torch.Tensor, *, rank: int, size: int,
+          unpack: Callable[[list[int]], None] | None) -> int:
+    """Copy what relay ``step`` brought a receiver into its buffer; unpack a unit it completed."""
+    at = 0
+    if step < len(pieces):  # from rank 0: this rank's stripe of the current piece
+        mine = _stripe(pieces[step], rank, size)
+        mine.copy_(arrived[: mine.numel()])
+        at = mine.numel()
+    if step == 0:
+        return 0
+    piece = pieces[step - 1]
+    for k in range(1, size):  # from every other receiver, in rank order: the rest of the previous piece
+        if k != rank:
+            theirs = _stripe(piece, k, size)
+            theirs.copy_(arrived[at: at + theirs.numel()])
+            at += theirs.numel()
+    if piece.last and unpack is not None:
+        unpack(list(piece.unit.indices))
+    return piece.data.numel()
 
 
 class _Piece(NamedTuple):
