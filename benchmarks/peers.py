@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers_ledger import Verdict, judge, read_rows  # noqa: E402
+from peers_ledger import Verdict, judge, kept_steps, read_rows, recoveries  # noqa: E402
 from testbed import peers  # noqa: E402
 
 KINDS = ("worker-kill", "host-crash", "partition", "freeze", "leave", "join")
@@ -239,7 +239,8 @@ def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None
               "samples_lost": verdict.lost, "samples_duplicated": verdict.duplicated,
               "chain_broken": verdict.broken, "useful_samples_per_s": round(useful / wall, 2),
               "progress_share": round(progress / wall, 3), "test_accuracy": run.final.get("test_accuracy"),
-              "test_loss": run.final.get("test_loss"), "recovery_s": _recoveries(run.faults, kept_times)}
+              "test_loss": run.final.get("test_loss"),
+              "recovery_s": recoveries(run.faults, kept_steps(rows, kept), run.end)}
     if reference is not None and reference.get("useful_samples_per_s"):
         record["goodput"] = round(record["useful_samples_per_s"] / reference["useful_samples_per_s"], 3)
         if record["test_accuracy"] is not None and reference.get("test_accuracy") is not None:
@@ -247,24 +248,17 @@ def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None
     return record
 
 
-def _recoveries(faults: list[dict], kept_times: list[float]) -> dict[str, list[float]]:
-    """Per kind: fault -> the first kept step after it (progress that lasted), in seconds."""
-    out: dict[str, list[float]] = {}
-    for fault in faults:
-        if "skipped" in fault:
-            continue
-        after = [t for t in kept_times if t > fault["time"]]
-        if after:
-            out.setdefault(fault["kind"], []).append(round(after[0] - fault["time"], 2))
-    return out
+def _p50(values: list) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.1f}" if known else "-"
 
 
 def table(records: list[dict]) -> str:
     head = (f"{'stack':<12} {'faults':>6} {'skip':>4} {'goodput':>7} {'progress':>8} {'lost':>5} {'dup':>5} "
-            f"{'thrown':>6} {'acc gap':>7}  recovery p50 by kind (s)")
+            f"{'thrown':>6} {'acc gap':>7}  p50 by kind: pause / resize (s)")
     lines = [head]
     for r in records:
-        rec = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in sorted(r["recovery_s"].items()))
+        rec = ", ".join(f"{k} {_p50(v['pause'])} / {_p50(v['resize'])}" for k, v in sorted(r["recovery_s"].items()))
         gap = r.get("accuracy_gap")
         lines.append(f"{r['stack']:<12} {r['faults_injected']:>6} {r['faults_skipped']:>4} "
                      f"{r.get('goodput', float('nan')):>7.3f} {r['progress_share']:>8.0%} {r['samples_lost']:>5} "

@@ -119,3 +119,37 @@ def judge(rows: list[dict], final_chain: int, samples: int, complete_epochs: int
         verdict.epochs[epoch] = {"trained": sum(counts.values()), "lost": samples - len(counts),
                                  "duplicated": sum(n - 1 for n in counts.values() if n > 1)}
     return verdict
+
+
+def kept_steps(rows: list[dict], kept: set[int]) -> list[tuple[float, int]]:
+    """(time, world size) of every kept step, as its first rank wrote it, in time order."""
+    first: dict[int, tuple[float, int]] = {}
+    for row in rows:  # in time order
+        if row["chain"] in kept and row["chain"] not in first:
+            first[row["chain"]] = (row["t"], row["size"])
+    return sorted(first.values())
+
+
+def recoveries(faults: list[dict], steps: list[tuple[float, int]], end: float) -> dict[str, dict[str, list]]:
+    """Per fault kind, what each injected fault cost, in seconds, from ``steps`` (:func:`kept_steps`):
+
+    * ``pause``: the longest stretch without a kept step between the fault and the next one (or ``end``),
+      the stretch from the fault itself included: how long training stood still (for a join, the
+      survivors' pause);
+    * ``resize``: the fault -> the first kept step at another world size than just before it, or None
+      when the size did not change before the next fault (a fault healed, or recovered in place).
+    """
+    injected = sorted((f for f in faults if "skipped" not in f), key=lambda f: f["time"])
+    out: dict[str, dict[str, list]] = {}
+    for i, fault in enumerate(injected):
+        start = fault["time"]
+        stop = injected[i + 1]["time"] if i + 1 < len(injected) else end
+        before = [size for t, size in steps if t <= start]
+        inside = [(t, size) for t, size in steps if start < t <= stop]
+        times = [start, *(t for t, _ in inside), stop]
+        resize = next((round(t - start, 2) for t, size in inside if before and size != before[-1]), None)
+        entry = out.setdefault(fault["kind"], {"pause": [], "resize": []})
+        entry["pause"].append(round(max(b - a for a, b in zip(times, times[1:])), 2))
+        entry["resize"].append(resize)
+    return out
+
