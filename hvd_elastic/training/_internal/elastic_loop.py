@@ -37,6 +37,9 @@ Each reset enters ``hvd.init()`` only once the new world can form
 to the next world with their state, where Gloo would have aborted them after
 its timeout.  The new world's hosts then go to the health cut before its
 first collective, so a host lost during the sync is cut too.
+
+The loop itself reads like Horovod's; these additions sit in
+:class:`_Additions`, one method per moment of it.
 """
 
 from __future__ import annotations
@@ -85,6 +88,50 @@ def _reset(answer: str | None, gloo_timeout: float) -> tuple[str, ...]:
     return hosts
 
 
+class _Additions:
+    """hvd-elastic's additions to Horovod's loop, one method per moment of it (module docstring)."""
+
+    def __init__(self, before_sync: Callable[[], None] | None):
+        # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
+        self._loop_check_due = gloo_hangup.enabled()
+        self._before_sync = before_sync
+        self._cut = health_cut.start()
+
+    def world_formed(self, hosts: list[str]) -> None:
+        """After the world's first collective: the hosts the cut watches; in the first world of two or
+        more ranks, whether Gloo's loop is found (every Gloo pair is up by now)."""
+        if hvd.size() < 2:
+            return
+        if self._cut is not None:
+            self._cut.set_world(hosts)
+        if self._loop_check_due:
+            self._loop_check_due = False
+            if hvd.gloo_enabled():
+                gloo_hangup.check_found()
+
+    def before_sync(self) -> None:
+        if self._before_sync is not None:
+            self._before_sync()
+
+    def failed(self) -> None:
+        """Horovod failed on this rank: hang up first, so a peer blocked on this rank learns of it now."""
+        gloo_hangup.hang_up_if_stalled()
+
+    def between_worlds(self) -> None:
+        if self._cut is not None:
+            self._cut.between_worlds()
+
+    def reinitialised(self, hosts: tuple[str, ...]) -> None:
+        """The new world's hosts as the driver told them: cut before the first collective, so a host
+        lost during the sync is cut too."""
+        if self._cut is not None and len(hosts) > 1:
+            self._cut.set_world(hosts)
+
+    def close(self) -> None:
+        if self._cut is not None:
+            self._cut.stop()
+
+
 def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None, **kwargs):
     """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
 
@@ -98,43 +145,30 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     world (so it may use collectives); an error it raises that is not
     Horovod's ends the loop.
     """
-    # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
-    loop_check_due = gloo_hangup.enabled()
     gloo_timeout = rendezvous.gloo_timeout()  # a bad HOROVOD_GLOO_TIMEOUT_SECONDS is an error now too
+    additions = _Additions(before_sync)
     notification_manager.init()
     notification_manager.register_listener(state)
-    cut = health_cut.start()
-    skip_sync = False  # this process has never synced: it needs rank 0's state
-    answer = None
+    skip_sync, answer = False, None  # this process has never synced: it needs rank 0's state
     try:
         with join_ahead.answers_taken():  # this loop re-initialises with a JoinInterrupt's answer
             while True:
                 try:
                     sync, hosts = _new_world(not skip_sync)
-                    if cut is not None and hvd.size() > 1:
-                        cut.set_world(hosts)
-                    if loop_check_due and hvd.size() > 1:
-                        loop_check_due = False
-                        if hvd.gloo_enabled():  # after this world's first collective every Gloo pair is up
-                            gloo_hangup.check_found()
+                    additions.world_formed(hosts)
                     if sync:
-                        if before_sync is not None:
-                            before_sync()
+                        additions.before_sync()
                         state.sync()
                     return fn(state, *args, **kwargs)
                 except HorovodInternalError:
-                    gloo_hangup.hang_up_if_stalled()  # first: a peer blocked on this rank learns of the failure now
+                    additions.failed()
                     state.restore()
                     skip_sync, answer = False, None
                 except HostsUpdatedInterrupt as exc:
                     skip_sync, answer = exc.skip_sync, getattr(exc, "answer", None)
-                if cut is not None:
-                    cut.between_worlds()
-                hosts = _reset(answer, gloo_timeout)
-                if cut is not None and len(hosts) > 1:
-                    cut.set_world(hosts)  # before the first collective: a host lost in the sync is cut too
+                additions.between_worlds()
+                additions.reinitialised(_reset(answer, gloo_timeout))
                 state.on_reset()
     finally:
         notification_manager.remove_listener(state)
-        if cut is not None:
-            cut.stop()
+        additions.close()
