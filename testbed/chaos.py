@@ -232,6 +232,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("checkpoint-cut", "job", False, _checkpoint_cut, "SIGKILL the whole job mid checkpoint write, relaunch",
           _stall_a_checkpoint_write),
 )}
+#: How often a kind is drawn against the others' 1: capacity comes back as often as it goes, so joins
+#: are about one fault in five of the schedule (some are skipped: no room for another host).
+WEIGHTS = {"host-new": 3.0}
 #: Faults on the whole job, whose change is the next launch.
 JOB_FAULTS = {f.name for f in FAULTS.values() if f.target == "job"} | {JOB_DIED, JOB_STUCK}
 
@@ -290,10 +293,11 @@ def schedule(config: SoakConfig) -> Iterator[tuple[float, str]]:
     """The schedule, endless: (seconds after the start, fault kind), from the seed alone."""
     rng = random.Random(f"plan:{config.seed}")
     kinds = sorted(config.kinds)
+    weights = [WEIGHTS.get(kind, 1.0) for kind in kinds]
     at = 0.0
     while True:
         at += rng.expovariate(1.0 / config.mtbf)
-        yield round(at, 3), rng.choice(kinds)
+        yield round(at, 3), rng.choices(kinds, weights)[0]
 
 
 def plan(config: SoakConfig, draws: int) -> list[tuple[float, str]]:

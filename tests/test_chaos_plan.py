@@ -19,6 +19,12 @@ def test_the_schedule_is_the_seeds_alone():
     assert {kind for _, kind in plan(config, 400)} == set(FAULTS)
 
 
+def test_joins_are_about_a_fifth_of_the_schedule():
+    kinds = [kind for _, kind in plan(SoakConfig(seed=424242), 1000)]
+    assert 0.17 < kinds.count("host-new") / len(kinds) < 0.25
+    assert all(kinds.count(other) < kinds.count("host-new") for other in FAULTS if other != "host-new")
+
+
 def test_the_schedule_draws_only_the_kinds_asked_for():
     config = SoakConfig(seed=1, kinds=("drain", "partition"))
     assert {kind for _, kind in plan(config, 100)} == {"drain", "partition"}
