@@ -62,7 +62,6 @@ class Run:
     start: float = 0.0
     end: float = 0.0
     exit_code: int | None = None
-    relaunches: int = 0
     deaths: list[dict] = field(default_factory=list)  # the job ended unfinished: time, exit code
     final: dict = field(default_factory=dict)
 
@@ -190,7 +189,6 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
         injector.heal_due(everything=True)
         run.exit_code = stack.wait(60.0)  # None: still running at the deadline (the teardown ends it)
         run.end = time.time()
-        run.relaunches = stack.launches - 1
         final = stack.out / "final.json"
         run.final = json.loads(final.read_text()) if final.exists() else {}
         run.faults += [{"kind": f.kind, "skipped": "the job ended first"} for f in pending]
@@ -233,7 +231,7 @@ def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None
     useful = verdict.unique_samples
     record = {"stack": run.stack, "wall_s": round(wall, 1), "exit_code": run.exit_code,
               "faults_injected": sum("skipped" not in f for f in run.faults),
-              "faults_skipped": sum("skipped" in f for f in run.faults), "relaunches": run.relaunches,
+              "faults_skipped": sum("skipped" in f for f in run.faults), "relaunches": len(run.deaths),
               "deaths": run.deaths,
               "steps_kept": verdict.steps_kept, "steps_thrown": verdict.steps_thrown,
               "samples_lost": verdict.lost, "samples_duplicated": verdict.duplicated,
