@@ -95,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         setattr(args, flag, chosen)
     if args.hosts < 2:
         parser.error(f"--hosts {args.hosts}: expected at least 2 (one fault must leave a job to train)")
+    if args.relaunches < 0:
+        parser.error(f"--relaunches {args.relaunches}: expected 0 or more")
     return args
 
 
