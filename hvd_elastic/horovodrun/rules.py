@@ -4,7 +4,7 @@ Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
 ``gloo_run.py``) was written for a fixed pool of machines; under churn its
 rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
 hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
-with ``HVD_ELASTIC_DRIVER=1``, five of them change (``HVD_ELASTIC_DRIVER=0``
+with ``HVD_ELASTIC_DRIVER=1``, six of them change (``HVD_ELASTIC_DRIVER=0``
 keeps Horovod's):
 
 1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
@@ -55,6 +55,16 @@ keeps Horovod's):
    three times) instead of waiting out the timeout; its host is not
    blacklisted for that failure (rule 1 would hold a healthy host out).  The
    store is cleared when the next world starts.
+6. **A failed worker's slot gets a new worker.**  Horovod starts workers only for
+   slots that were not in the previous world: it takes every slot that was as
+   still running.  A host whose worker failed is normally blacklisted and left out
+   of the next world, but one that is back by the time the world is made (its
+   cooldown ended while the driver waited for ``--min-np`` hosts, or rule 5 spared
+   it) kept its slot with no process in it: the survivors waited for a rank that
+   never came, and the round after never filled (horovodrun alive, nothing
+   trained, until something killed the job).  At the end of each round the rules
+   free the slots of the round's failed workers, so the next world starts a
+   worker in each one it keeps.
 
 Contract:
 
@@ -360,10 +370,13 @@ def _patch_registry(cls: Any, success: str, failure: str, ready: str) -> None:
     def on_workers_recorded(original):
         def _on_workers_recorded(self):
             job = _job(self._driver)
+            if job is not None:
+                _free_failed_slots(self._driver, job, self.get(failure))
             if job is None or not _restarted_all(self, job, success, failure, ready):
                 original(self)
             if job is not None:
                 job.spared.clear()  # a sparing covers its own round's blacklisting, never a later one
+                job.sent_away.clear()  # a refusal explains a failure of its own world only
         return _on_workers_recorded
 
     def wait(original):
@@ -382,6 +395,23 @@ def _patch_registry(cls: Any, success: str, failure: str, ready: str) -> None:
 
     _wrap(cls, "_on_workers_recorded", on_workers_recorded)
     _wrap(cls, "_wait", wait)
+
+
+def _free_failed_slots(driver: Any, job: Job, failed: set[tuple[str, int]]) -> None:
+    """Rule 6: take the round's failed workers' slots out of the world the next one is made from, so
+    Horovod's ``_update_host_assignments`` counts them as pending and starts a worker in each it keeps."""
+    assignments = driver._host_assignments
+    for host, slot in sorted(failed):
+        held = assignments.get(host, [])
+        kept = [info for info in held if info.local_rank != slot]
+        if len(kept) == len(held):
+            continue
+        if kept:
+            assignments[host] = kept
+        else:
+            del assignments[host]
+        log.warning("hvd-elastic: %s[%d] exited %s: a new worker takes its slot if the next world keeps it",
+                    host, slot, job.exits.get((host, slot)))
 
 
 def _restarted_all(registry: Any, job: Job, success: str, failure: str, ready: str) -> bool:

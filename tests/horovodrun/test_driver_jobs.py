@@ -19,6 +19,10 @@ turns into a dead or wedged job, reproduced directly (no soak):
 * a worker dies in a world on one host: stock Horovod blacklists the host, finds every host of the
   round blacklisted and ends the job ("blacklisted slots count == 1 -> stop running"); here the host
   returns after its cooldown and the job resumes from the checkpoint;
+* the job falls below ``--min-np`` when a worker dies, and its host returns after its cooldown while the
+  driver still waits for hosts: stock Horovod finds the host's slot in the previous world, counts it as
+  running and starts no worker for it, so the survivor waits for a rank that never comes and the next
+  round never fills (horovodrun alive, nothing trains); here the slot gets a new worker;
 * a host of the next world is lost while the survivors re-initialise (the newcomer's worker ends
   before ``hvd.init()``): stock Horovod's survivors wait out Gloo's rendezvous timeout inside
   ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state.
@@ -157,6 +161,25 @@ def test_horovodrun_below_min_np_ends_when_it_must(tmp_path, then):
     else:
         assert code == 1, (code, log[-3000:])
         assert "failed to activate new hosts -> stop running" in log, log[-3000:]
+
+
+def test_a_host_back_from_its_cooldown_while_the_driver_waits_gets_a_new_worker(tmp_path):
+    job, out, progress = start(tmp_path, min_np=2)
+    with job:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        survivor = workers(out)["localhost"].pid
+        workers(out)["127.0.0.1"].send_signal(signal.SIGKILL)  # below --min-np until its cooldown (4-6 s) ends
+        killed = time.time()
+        job.wait_until("a step at world size 2 after the kill",
+                       lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
+        assert workers(out)["localhost"].pid == survivor, "the survivor was restarted"
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "127.0.0.1[0] exited 137: a new worker takes its slot" in log, log[-3000:]
+    assert "Wait timeout" not in log and "every worker of the round failed" not in log, log[-3000:]
+    assert not EventLog.read(out / "events.jsonl", event="resume"), "the survivor resumed from a checkpoint"
+    assert not run_problems(out), run_problems(out)
 
 
 def third_local_host() -> str:
