@@ -448,7 +448,7 @@ def metrics_page() -> str:
 
     from hvd_elastic.metrics.job import JobMetrics
     from hvd_elastic.metrics.nodeagent import NodeAgentMetrics
-    from hvd_elastic.metrics.watcher import WatcherMetrics
+    from hvd_elastic.discovery.watch_metrics import WatcherMetrics
 
     job = JobMetrics()
     job.on_checkpoint(True, 1.0, 5)  # the checkpoint gauges appear once one was written

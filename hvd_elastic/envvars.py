@@ -55,7 +55,7 @@ def parse_seconds(text: str) -> float:
     except ValueError:
         pass
     # Only here: a bare number, the common case, never imports re.
-    from hvd_elastic.consul.gotypes import SECOND, parse_duration
+    from hvd_elastic.gotypes import SECOND, parse_duration
 
     return parse_duration(text) / SECOND
 

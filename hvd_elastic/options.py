@@ -22,7 +22,6 @@ import sys
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.envvars import DURATION, ConfigError, parse_bool, parse_seconds
 from hvd_elastic.consul.errors import ConsulError
-from hvd_elastic.standby import protocol
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's full path imports this module
 if TYPE_CHECKING:
@@ -83,17 +82,16 @@ positive_seconds = argument_type(parse_seconds, lambda v: 0 < v < float("inf"), 
 non_negative_seconds = argument_type(parse_seconds, lambda v: 0 <= v < float("inf"), f"a duration >= 0 ({DURATION})")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 log_level = argument_type(str.upper, lambda v: v in LOG_LEVELS, f"a log level ({', '.join(LOG_LEVELS)})")
-standby_name = argument_type(str, protocol.valid_name, f"a standby name ({protocol.NAME_RULE})")
 boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
 
 
 def host_list(text: str) -> list[str]:
     """An argparse ``type=``: comma-separated host names, each one a name ssh may be handed.
 
-    The same rule as discovery's (:func:`hvd_elastic.discovery.hosts.is_valid_host`:
+    The same rule as discovery's (:func:`hvd_elastic.hostnames.is_valid_host`:
     an RFC 1123 name or a dotted IPv4 address); the first bad entry is named, never repaired.
     """
-    from hvd_elastic.discovery.hosts import is_valid_host  # here: discovery's fast path never parses a host list
+    from hvd_elastic.hostnames import is_valid_host  # here: discovery's fast path never parses a host list
 
     hosts = [item.strip() for item in text.split(",")]
     if not any(hosts):
@@ -244,6 +242,5 @@ __all__ = [
     "positive_number",
     "positive_seconds",
     "setting",
-    "standby_name",
     "stop_on_signals",
 ]

@@ -6,7 +6,6 @@
 * :mod:`.transport` -- one HTTP/1.1 request over a socket with a deadline (stdlib only).
 * :mod:`.client` -- requests with retries, status handling and ACL checks.
 * :mod:`.api` -- the calls we make (agent services and checks, maintenance, leader).
-* :mod:`.gotypes` -- Go durations and integers as Consul spells them.
 
 Kept import-light: discovery, which horovodrun runs every second, imports
 this package, so nothing here imports more than the standard library, and

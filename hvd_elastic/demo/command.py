@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psutil
 
-from hvd_elastic.discovery.hosts import is_valid_host
+from hvd_elastic.hostnames import is_valid_host
 from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.horovodrun.rules import COOLDOWN
 from hvd_elastic.local.env import CONSUL_HOSTS, HVD_ELASTIC, child_env

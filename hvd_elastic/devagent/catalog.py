@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from hvd_elastic.consul.gotypes import format_duration
+from hvd_elastic.gotypes import format_duration
 from .index import RaftIndex
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"

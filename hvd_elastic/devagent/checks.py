@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from hvd_elastic.consul.gotypes import SECOND
+from hvd_elastic.gotypes import SECOND
 
 from .catalog import CRITICAL, PASSING, WARNING
 

@@ -18,7 +18,7 @@ import time
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
-from hvd_elastic.consul.gotypes import SECOND
+from hvd_elastic.gotypes import SECOND
 
 from .acl import Tokens
 from .local_agent import LocalAgent, ReaperSettings

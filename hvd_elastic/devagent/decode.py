@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_elastic.consul.gotypes import parse_duration
+from hvd_elastic.gotypes import parse_duration
 
 STRING, INT, BOOL, DURATION, STRLIST, STRMAP, HEADERS, OBJECT, ANY = (
     "string", "int", "bool", "time.Duration", "[]string", "map[string]string",

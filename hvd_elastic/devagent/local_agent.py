@@ -15,7 +15,7 @@ import ipaddress
 import logging
 import time
 
-from hvd_elastic.consul.gotypes import format_duration
+from hvd_elastic.gotypes import format_duration
 
 from . import checks as checks_mod
 from .catalog import (

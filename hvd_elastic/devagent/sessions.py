@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import uuid
 
-from hvd_elastic.consul.gotypes import SECOND, format_duration, parse_duration
+from hvd_elastic.gotypes import SECOND, format_duration, parse_duration
 
 from .catalog import CRITICAL, SERF_CHECK_ID, Catalog, Check
 from .decode import SESSION_FIELDS, decode_struct

@@ -12,6 +12,7 @@ It talks to Consul through :mod:`hvd_elastic.consul`, as every command does.
 * :mod:`.cachekey` -- which cache file answers a command line (tokens masked), and the files next to it.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
 * :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
+* :mod:`.watch_metrics` -- the watcher's Prometheus metrics.
 * :mod:`.settings` -- the typed settings built from discovery's flags and environment, and its failures.
 * :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.

@@ -8,10 +8,9 @@ status`` shows every decision with its reason, so both always agree.
 
 Contracts:
 
-* A host name is printed only if it is a valid RFC 1123 host name or a dotted
-  IPv4 address.  Horovod hands it to ``ssh`` and splits lines on ``:``, so
-  anything else (a leading ``-``, spaces, ``:``, shell or ssh metacharacters,
-  labels over 63 characters) is rejected, never repaired.
+* A host name is printed only if :func:`hvd_elastic.hostnames.is_valid_host`
+  accepts it (an RFC 1123 host name or a dotted IPv4 address): Horovod hands
+  it to ``ssh``.  Anything else is rejected, never repaired.
 * Slots come from a ``Meta`` value that must be a positive decimal integer in
   ASCII digits, at most ``max_slots_per_host`` (default 1024): a larger value
   (``"99999999999999999999"``) is invalid data, dropped with a warning like a
@@ -39,17 +38,13 @@ import re
 from collections.abc import Iterable, Sequence
 
 from hvd_elastic.errors import HvdElasticError
+from hvd_elastic.hostnames import is_valid_host
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from typing import Any
 
-# RFC 1123 labels (ASCII letters, digits and inner hyphens, 1-63 characters) joined by dots.
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
-_IPV4_OCTET = re.compile(r"(?:0|[1-9][0-9]{0,2})\Z")
 _POSITIVE_INT = re.compile(r"[1-9][0-9]*\Z")
-MAX_HOSTNAME_LENGTH = 253
 DEFAULT_MAX_SLOTS = 1024
 
 PASSING = "passing"
@@ -107,20 +102,6 @@ class Options:
     naming: HostNaming = HostNaming.NODE
     exclude: frozenset[str] = frozenset()  # lower-case host names
     tags: tuple[str, ...] = ()  # every one must be present
-
-
-def is_valid_ipv4(name: str) -> bool:
-    """Dotted quad, each octet 0-255 without leading zeros (resolvers read those as octal)."""
-    parts = name.split(".")
-    return len(parts) == 4 and all(_IPV4_OCTET.match(p) and int(p) <= 255 for p in parts)
-
-
-def is_valid_host(name: str) -> bool:
-    """True for an RFC 1123 host name or an IPv4 address that is safe to hand to ssh."""
-    if not isinstance(name, str) or len(name) > MAX_HOSTNAME_LENGTH or not _HOSTNAME.match(name):
-        return False
-    # An all-numeric last label is no DNS name (RFC 3696 2): it must be IPv4.
-    return is_valid_ipv4(name) if name.rpartition(".")[2].isdigit() else True
 
 
 def parse_slots(value: Any) -> int | None:

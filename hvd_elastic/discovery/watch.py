@@ -172,7 +172,7 @@ def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], 
     With a ``job`` and a ``reap_grace`` (seconds), also end the job's worker
     sessions to every host Consul judges lost (:mod:`.reaper`).  With a
     ``metrics_addr``, serve the watcher's metrics there
-    (:mod:`hvd_elastic.metrics.watcher`; one logged line and no metrics when it cannot).
+    (:mod:`hvd_elastic.discovery.watch_metrics`; one logged line and no metrics when it cannot).
     """
     from hvd_elastic.options import stop_on_signals  # the watcher's own process: start-up cost does not matter
 
@@ -222,7 +222,7 @@ def _serve_metrics(addr: str, path: str, listeners: list):
     """The watcher's exporter (its metrics join ``listeners``), or None after one logged line."""
     try:  # the job's own watcher runs under -I -S: no site-packages
         from hvd_elastic.metrics.exporter import Exporter
-        from hvd_elastic.metrics.watcher import WatcherMetrics
+        from hvd_elastic.discovery.watch_metrics import WatcherMetrics
     except ImportError as exc:
         log.error("watcher metrics are off: %s (run the watcher as `hvd-elastic discover --watch`)", exc)
         return None

@@ -19,5 +19,6 @@ Contracts shared by every exporter:
 
 Modules: :mod:`.address` (parsing ``[HOST]:PORT``), :mod:`.exporter` (the HTTP
 server), :mod:`.histogram` (plain buckets that travel between ranks),
-:mod:`.job` and :mod:`.nodeagent` (each exporter's metrics).
+:mod:`.job` and :mod:`.nodeagent` (each exporter's metrics; the discovery watcher's are
+:mod:`hvd_elastic.discovery.watch_metrics`, since this package sits below discovery).
 """

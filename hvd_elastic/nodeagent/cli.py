@@ -21,7 +21,7 @@ import re
 import socket
 
 from hvd_elastic import __version__
-from hvd_elastic.consul.gotypes import MINUTE, SECOND, format_duration
+from hvd_elastic.gotypes import MINUTE, SECOND, format_duration
 from hvd_elastic.envvars import DURATION, parse_seconds
 from hvd_elastic.options import (
     add_consul_arguments,
@@ -36,9 +36,9 @@ from hvd_elastic.options import (
     positive_int,
     positive_seconds,
     setting,
-    standby_name,
     stop_on_signals,
 )
+from hvd_elastic.standby.server import standby_name
 
 log = logging.getLogger("hvd_elastic.nodeagent")
 

@@ -49,7 +49,7 @@ import time
 import hvd_elastic
 from hvd_elastic import sdnotify
 from hvd_elastic.errors import HvdElasticError
-from hvd_elastic.options import command_name, env, fail, standby_name
+from hvd_elastic.options import argument_type, command_name, env, fail
 from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 BASE_MODULES = ("torch", "torch._dynamo", "horovod.torch", *sorted(set(hvd_elastic._LAZY.values())))
 KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of an abandoned worker
 TICK = 0.5  # seconds: how often the loop looks at signals and deadlines
+standby_name = argument_type(str, protocol.valid_name, f"a standby name ({protocol.NAME_RULE})")
 
 
 class StandbyError(HvdElasticError, RuntimeError):

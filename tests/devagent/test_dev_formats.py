@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hvd_elastic.devagent.bexpr import FilterError, compile_filter
-from hvd_elastic.consul.gotypes import format_duration, parse_duration, parse_uint64
+from hvd_elastic.gotypes import format_duration, parse_duration, parse_uint64
 
 
 @pytest.mark.parametrize("text, ns", [

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from hvd_elastic.envvars import ConfigError, parse_bool
-from hvd_elastic.consul.gotypes import SECOND, parse_duration, parse_uint64
+from hvd_elastic.gotypes import SECOND, parse_duration, parse_uint64
 
 from ..acl import FILTERED_HEADER, MANAGEMENT, Authorizer, keep_readable
 from ..errors import HTTPError
