@@ -10,9 +10,17 @@ unset or empty variable is its default.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hvd_elastic.errors import HvdElasticError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery imports this module on its every-second path
+if TYPE_CHECKING:
+    from typing import Any
+
+#: Consul's service name of the training nodes, unless ``HVD_ELASTIC_SERVICE`` (or a ``--service`` flag) says.
+SERVICE_ENV, DEFAULT_SERVICE = "HVD_ELASTIC_SERVICE", "horovod"
+DATACENTER_ENV = "HVD_ELASTIC_DATACENTER"  # the datacenter to query; unset: the agent's
 
 # Go's strconv.ParseBool, which Consul's own CONSUL_HTTP_* variables go through.
 TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -60,19 +68,67 @@ def parse_seconds(text: str) -> float:
     return parse_duration(text) / SECOND
 
 
+class Check:
+    """A setting's type, for a flag and a variable alike: ``convert(text)`` (ValueError or None: refused),
+    kept only if ``accept(value)``; ``expected`` says what a refused text should have been.
+
+    :mod:`hvd_elastic.options` turns one into an argparse ``type=``; :meth:`read` reads a variable with it.
+    """
+
+    __slots__ = ("convert", "accept", "expected")
+
+    def __init__(self, convert: Callable[[str], Any], accept: Callable[[Any], bool], expected: str):
+        self.convert, self.accept, self.expected = convert, accept, expected
+
+    def parse(self, text: str) -> Any:
+        """The value of ``text``; ValueError ``'TEXT' is not EXPECTED`` when refused."""
+        try:
+            value = self.convert(text)
+        except ValueError:
+            value = None
+        if value is None or not self.accept(value):
+            raise ValueError(f"{text!r} is not {self.expected}")
+        return value
+
+    def read(self, name: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
+        """Variable ``name`` parsed (blank: unset), else ``default`` parsed alike (None: None).  Raises
+        ConfigError naming the variable, its value and what was expected."""
+        raw = (os.environ if environ is None else environ).get(name, "")
+        text = raw if raw.strip() else default
+        if text is None:
+            return None
+        try:
+            return self.parse(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not {self.expected}") from None
+
+
+TEXT = Check(str, lambda _: True, "text")
+POSITIVE_INT = Check(int, lambda v: v > 0, "a positive integer")
+POSITIVE_NUMBER = Check(float, lambda v: 0 < v < float("inf"), "a positive number")
+#: Every duration setting: Consul's spelling (15s, 1m30s, 500ms) or bare seconds, through the one parser.
+POSITIVE_SECONDS = Check(parse_seconds, lambda v: 0 < v < float("inf"), f"a positive duration ({DURATION})")
+NON_NEGATIVE_SECONDS = Check(parse_seconds, lambda v: 0 <= v < float("inf"), f"a duration >= 0 ({DURATION})")
+BOOLEAN = Check(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
+
+
 def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
     """Variable ``name`` as a finite duration >= 0 in seconds (:func:`parse_seconds`), ``default`` when unset or
     empty."""
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = parse_seconds(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not a duration >= 0 ({DURATION})")
-    return value
+    value = NON_NEGATIVE_SECONDS.read(name, None, environ)
+    return default if value is None else value
+
+
+def env_list(name: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """A comma-separated variable as a list, blanks dropped."""
+    text = (os.environ if environ is None else environ).get(name) or ""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def setting(args: Any, dest: str, flag: str) -> str:
+    """What set ``args.<dest>``, for a message about its value: the variable it was read from (recorded in
+    ``args._env_sources`` by whoever read it), else ``flag``."""
+    return getattr(args, "_env_sources", {}).get(dest) or flag
 
 
 def horovod_hostname() -> str:

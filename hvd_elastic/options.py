@@ -20,7 +20,20 @@ import os
 import sys
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.envvars import DURATION, ConfigError, parse_bool, parse_seconds
+from hvd_elastic.envvars import (
+    BOOLEAN,
+    DATACENTER_ENV,
+    DEFAULT_SERVICE,
+    NON_NEGATIVE_SECONDS,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    POSITIVE_SECONDS,
+    SERVICE_ENV,
+    Check,
+    ConfigError,
+    env_list,
+    setting,
+)
 from hvd_elastic.consul.errors import ConsulError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's full path imports this module
@@ -28,8 +41,6 @@ if TYPE_CHECKING:
     import logging
     import threading
     from collections.abc import Iterator
-
-DEFAULT_SERVICE = "horovod"
 
 
 class EnvValue(str):
@@ -49,40 +60,31 @@ def env(name: str, default: str | None = None) -> str | None:
     return EnvValue(value, name) if value else default
 
 
-def setting(args: argparse.Namespace, dest: str, flag: str) -> str:
-    """What set ``args.<dest>``, for a message about its value: the variable it was read from, else ``flag``."""
-    return getattr(args, "_env_sources", {}).get(dest) or flag
+def argparse_type(check: Check):
+    """An argparse ``type=`` from a setting's :class:`~hvd_elastic.envvars.Check`."""
 
+    def parse(text: str):
+        try:
+            return check.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-def env_list(name: str) -> list[str]:
-    """A comma-separated variable as a list, blanks dropped."""
-    return [item.strip() for item in (os.environ.get(name) or "").split(",") if item.strip()]
+    parse.__name__ = check.expected
+    return parse
 
 
 def argument_type(convert, accept, expected: str):
     """An argparse ``type=``: ``convert(text)``, rejected unless ``accept(value)``."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not accept(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
-        return value
-
-    parse.__name__ = expected
-    return parse
+    return argparse_type(Check(convert, accept, expected))
 
 
-positive_int = argument_type(int, lambda v: v > 0, "a positive integer")
-positive_number = argument_type(float, lambda v: 0 < v < float("inf"), "a positive number")
-#: Every duration flag: Consul's spelling (15s, 1m30s, 500ms) or bare seconds, through the one parser.
-positive_seconds = argument_type(parse_seconds, lambda v: 0 < v < float("inf"), f"a positive duration ({DURATION})")
-non_negative_seconds = argument_type(parse_seconds, lambda v: 0 <= v < float("inf"), f"a duration >= 0 ({DURATION})")
+positive_int = argparse_type(POSITIVE_INT)
+positive_number = argparse_type(POSITIVE_NUMBER)
+positive_seconds = argparse_type(POSITIVE_SECONDS)
+non_negative_seconds = argparse_type(NON_NEGATIVE_SECONDS)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 log_level = argument_type(str.upper, lambda v: v in LOG_LEVELS, f"a log level ({', '.join(LOG_LEVELS)})")
-boolean = argument_type(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
+boolean = argparse_type(BOOLEAN)
 
 
 def host_list(text: str) -> list[str]:
@@ -115,14 +117,14 @@ def add_consul_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ca-file", metavar="PATH", help="CA bundle for https (env CONSUL_CACERT)")
     group.add_argument("--client-cert", metavar="PATH", help="client certificate for https (env CONSUL_CLIENT_CERT)")
     group.add_argument("--client-key", metavar="PATH", help="client key for https (env CONSUL_CLIENT_KEY)")
-    group.add_argument("--datacenter", metavar="DC", default=env("HVD_ELASTIC_DATACENTER"),
+    group.add_argument("--datacenter", metavar="DC", default=env(DATACENTER_ENV),
                        help="datacenter to query (env HVD_ELASTIC_DATACENTER; default the agent's)")
 
 
 def add_service_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--service",
-        default=env("HVD_ELASTIC_SERVICE", DEFAULT_SERVICE),
+        default=env(SERVICE_ENV, DEFAULT_SERVICE),
         help="Consul service name of the training nodes (env HVD_ELASTIC_SERVICE; default %(default)s)",
     )
 
@@ -225,6 +227,7 @@ __all__ = [
     "DEFAULT_SERVICE",
     "EnvValue",
     "add_consul_arguments",
+    "argparse_type",
     "argument_type",
     "boolean",
     "add_service_argument",

@@ -42,11 +42,7 @@ DEBT = {
     ("hvd_elastic.training._internal.health_cut", "discovery"):
         "the survivors' lost-host cut reuses discovery's watch and judge (to move into a stdlib-only health layer)",
 }
-COMMAND_LINE_DEBT = {
-    ("hvd_elastic.training._internal.health_cut", "options"):
-        "it reads discovery's settings by parsing discovery's flags with no arguments",
-    ("hvd_elastic.training._internal.health_cut", "argparse"): "the same",
-}
+COMMAND_LINE_DEBT: dict[tuple[str, str], str] = {}
 
 
 #: Units loaded into the user's training process, and what they never import: a command line is the script's.

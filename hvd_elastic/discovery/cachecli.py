@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import cache, cachekey, jobdir
 from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.settings import FAILURES, explain_failure, health_query, options_from_args
+from hvd_elastic.discovery.settings import explain_failure
+from hvd_elastic.discovery.variables import FAILURES, health_query, options_from_args
 from hvd_elastic.options import (
     ConfigError,
     argument_type,
@@ -33,10 +32,6 @@ from hvd_elastic.options import (
     positive_seconds,
     setting,
 )
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's direct path imports this module
-if TYPE_CHECKING:
-    from hvd_elastic.discovery.query import HealthQuery
 
 cache_mode = argument_type(lambda text: text if text in ("auto", "on", "off") else None, lambda _: True,
                            "one of auto, on, off")
@@ -85,36 +80,6 @@ def cache_flags() -> list[str]:
 def cache_max_age(args: argparse.Namespace) -> float:
     """The freshness bound: explicit, or a few seconds beyond the longest a blocking query may park."""
     return args.cache_max_age or args.watch_wait * 17 / 16 + 5.0
-
-
-WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a large answer may take its time
-WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
-
-
-def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, wait: float, plain_timeout: float):
-    """The watcher's ``fetch(index)``: (decisions, X-Consul-Index, monotonic answer time).
-
-    A blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
-    ``plain_timeout``.
-    """
-    from hvd_elastic.discovery.query import read_health
-
-    def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
-        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        # A watcher lives as long as its job: follow a token file rotated meanwhile.
-        # Every instance, not only passing ones: the reaper must tell a failed host from a drained one
-        # (lost.host_states); the cache still holds only the accepted ones.  Consul's index, and so how
-        # often a blocking read returns, is the same either way.
-        entries, headers = read_health(config.with_fresh_token(), query, passing=False, index=index, wait=wait,
-                                       timeout=timeout, retry=False)
-        answered = time.monotonic()
-        raw_index = headers.get("x-consul-index", "")
-        if not raw_index.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it",
-                              retryable=True)
-        return hostlib.evaluate(entries, options), int(raw_index), answered
-
-    return fetch
 
 
 def fingerprint(args: argparse.Namespace, config: ConsulConfig, options: hostlib.Options) -> str:
@@ -204,7 +169,7 @@ def run_watch(args: argparse.Namespace) -> int:
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
-    fetch = watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
+    fetch = watch.watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
     fetch = _say_why_unanswered(fetch, logging.getLogger("hvd_elastic.discovery.watch"))
     return watch.run(args.cache_file, key, fetch, FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)

@@ -46,20 +46,31 @@ from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cachecli, cachekey, fast, token_guard
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
-from hvd_elastic.discovery.settings import FAILURES, explain_failure, health_query, options_from_args
+from hvd_elastic.discovery.settings import explain_failure
+from hvd_elastic.discovery.variables import (
+    DEFAULT_SLOTS,
+    FAILURES,
+    FILTER,
+    FIRST_CALL_RETRY,
+    HOST_NAME,
+    MAX_SLOTS,
+    MAX_STALE,
+    SLOTS_KEY,
+    STALE,
+    TIMEOUT,
+    Variable,
+    health_query,
+    options_from_args,
+)
 from hvd_elastic.options import (
     ConfigError,
     add_consul_arguments,
     add_service_argument,
-    argument_type,
-    boolean,
+    argparse_type,
     command_name,
     consul_config,
     env,
-    non_negative_seconds,
     one_line_errors,
-    positive_seconds,
-    positive_int,
 )
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
@@ -67,8 +78,10 @@ if TYPE_CHECKING:
     from hvd_elastic.discovery.query import HealthQuery
 
 _NAMINGS = [n.value for n in hostlib.HostNaming]
-host_naming = argument_type(lambda text: hostlib.HostNaming(text).value, lambda _: True,
-                            f"one of {', '.join(_NAMINGS)}")
+
+def _default(variable: Variable) -> dict:
+    """A flag's ``default=`` and ``type=`` from its variable's row of :mod:`.variables`."""
+    return {"default": env(variable.name, variable.default), "type": argparse_type(variable.check)}
 
 
 def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
@@ -78,36 +91,32 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
     parser.add_argument("--tag", action="append", dest="tags", default=None,
                         help="only instances carrying this tag; repeat for several, all must match (env "
                              "HVD_ELASTIC_TAGS, comma-separated)")
-    parser.add_argument("--filter", default=env("HVD_ELASTIC_FILTER"),
+    parser.add_argument("--filter", **_default(FILTER),
                         help="Consul filter expression, e.g. 'Service.Meta.gpu_model == \"H100\"' (env "
                              "HVD_ELASTIC_FILTER)")
-    parser.add_argument("--slots-key", default=env("HVD_ELASTIC_SLOTS_KEY", "slots"),
+    parser.add_argument("--slots-key", **_default(SLOTS_KEY),
                         help="Service.Meta key holding the slot count (env HVD_ELASTIC_SLOTS_KEY; default %(default)s)")
-    parser.add_argument("--default-slots", type=positive_int, default=env("HVD_ELASTIC_DEFAULT_SLOTS"),
+    parser.add_argument("--default-slots", **_default(DEFAULT_SLOTS),
                         help="slots for instances without that Meta key (env HVD_ELASTIC_DEFAULT_SLOTS; default: such "
                              "instances are dropped with a warning)")
-    parser.add_argument("--max-slots-per-host", type=positive_int,
-                        default=env("HVD_ELASTIC_MAX_SLOTS_PER_HOST", str(hostlib.DEFAULT_MAX_SLOTS)),
+    parser.add_argument("--max-slots-per-host", **_default(MAX_SLOTS),
                         help="largest valid slot count; an instance advertising more is dropped with a warning (env "
                              "HVD_ELASTIC_MAX_SLOTS_PER_HOST; default %(default)s)")
-    parser.add_argument("--host-name", type=host_naming, metavar="{" + ",".join(_NAMINGS) + "}",
-                        default=env("HVD_ELASTIC_HOST_NAME", hostlib.HostNaming.NODE.value),
+    parser.add_argument("--host-name", **_default(HOST_NAME), metavar="{" + ",".join(_NAMINGS) + "}",
                         help="what names a host: the Consul node name, the service address (else the node address) or "
                              "the node address (env HVD_ELASTIC_HOST_NAME; default %(default)s)")
     parser.add_argument("--exclude", action="append", default=None, metavar="HOST",
                         help="never print this host; repeat for several (env HVD_ELASTIC_EXCLUDE, comma-separated)")
-    parser.add_argument("--timeout", type=positive_seconds, default=env("HVD_ELASTIC_DISCOVERY_TIMEOUT", "0.8"),
+    parser.add_argument("--timeout", **_default(TIMEOUT),
                         help="total seconds one call may take (env HVD_ELASTIC_DISCOVERY_TIMEOUT; default %(default)s)")
-    parser.add_argument("--first-call-retry", type=non_negative_seconds,
-                        default=env("HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY", "10"), metavar="SECONDS",
+    parser.add_argument("--first-call-retry", **_default(FIRST_CALL_RETRY), metavar="SECONDS",
                         help="how long a job's first call keeps retrying an unreachable or leaderless Consul; 0 "
                              "disables (env HVD_ELASTIC_DISCOVERY_FIRST_CALL_RETRY; default %(default)s)")
-    parser.add_argument("--stale", type=boolean, nargs="?", const=True, default=env("HVD_ELASTIC_STALE", "false"),
+    parser.add_argument("--stale", **_default(STALE), nargs="?", const=True,
                         help="let any Consul server answer (?stale), spreading the load off the leader; a follower's "
                              "answer may lack the newest changes for a moment, and answers staler than --max-stale "
                              "fail (env HVD_ELASTIC_STALE; default %(default)s)")
-    parser.add_argument("--max-stale", type=positive_seconds, default=env("HVD_ELASTIC_MAX_STALE", "5"),
-                        metavar="SECONDS",
+    parser.add_argument("--max-stale", **_default(MAX_STALE), metavar="SECONDS",
                         help="with --stale, the largest X-Consul-LastContact accepted (env HVD_ELASTIC_MAX_STALE; "
                              "default %(default)s)")
     add_consul_arguments(parser)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hvd_elastic.discovery import cachecli, settings
+from hvd_elastic.discovery import cachecli, settings, variables
 from hvd_elastic.discovery import cli as discovery_cli
 from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.query import read_health
@@ -55,13 +55,13 @@ def render(decisions: Sequence[hostlib.Decision]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         config = consul_config(args)
-        options = settings.options_from_args(args)
-        entries = read_health(config, settings.health_query(args, options), passing=False, timeout=args.timeout)[0]
+        options = variables.options_from_args(args)
+        entries = read_health(config, variables.health_query(args, options), passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
-    except settings.FAILURES as exc:
+    except variables.FAILURES as exc:
         return settings.explain_failure(args, exc)
     print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
     if not decisions:
-        discovery_cli.warn_if_nothing_matches(args, config, settings.health_query(args, options))
+        discovery_cli.warn_if_nothing_matches(args, config, variables.health_query(args, options))
     sys.stdout.write(render(decisions))
     return 0

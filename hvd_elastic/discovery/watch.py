@@ -45,6 +45,7 @@ from hvd_elastic.discovery.cachekey import ANSWER_SOURCES, answer_count_path, ma
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the direct discovery path imports this module
 if TYPE_CHECKING:
     from hvd_elastic.consul.config import ConsulConfig
+    from hvd_elastic.discovery.query import HealthQuery
 
 log = logging.getLogger("hvd_elastic.discovery.watch")
 
@@ -152,6 +153,37 @@ def follow(fetch: Fetch, publisher, stop: threading.Event, failures: tuple[type[
         for target in targets:
             target.answer(decisions, answered_index, answered_at)
         index = next_index(index, answered_index)
+
+
+WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a large answer may take its time
+WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
+
+
+def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, wait: float, plain_timeout: float):
+    """The watcher's ``fetch(index)`` for :func:`follow`: (decisions, X-Consul-Index, monotonic answer time).
+
+    A blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
+    ``plain_timeout``.
+    """
+    from hvd_elastic.consul.errors import ConsulError
+    from hvd_elastic.discovery.query import read_health
+
+    def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
+        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
+        # A watcher lives as long as its job: follow a token file rotated meanwhile.
+        # Every instance, not only passing ones: the reaper must tell a failed host from a drained one
+        # (lost.host_states); the cache still holds only the accepted ones.  Consul's index, and so how
+        # often a blocking read returns, is the same either way.
+        entries, headers = read_health(config.with_fresh_token(), query, passing=False, index=index, wait=wait,
+                                       timeout=timeout, retry=False)
+        answered = time.monotonic()
+        raw_index = headers.get("x-consul-index", "")
+        if not raw_index.isdigit():
+            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it",
+                              retryable=True)
+        return hostlib.evaluate(entries, options), int(raw_index), answered
+
+    return fetch
 
 
 def try_lock(path: str) -> int | None:

@@ -40,7 +40,6 @@ fault.  A rank that cannot see its Gloo connections cuts on Consul's verdict.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import threading
@@ -157,18 +156,8 @@ def start() -> HealthCut | None:
 
 
 def _fetch():
-    """Discovery's blocking health read, configured from the environment exactly as discovery's flags default."""
-    from hvd_elastic.discovery import cachecli, cli
-    from hvd_elastic.options import consul_config
+    """Discovery's blocking health read, configured from the environment as discovery's flags default."""
+    from hvd_elastic.discovery import variables, watch
 
-    parser = argparse.ArgumentParser(add_help=False)
-    cli.add_arguments(parser, cache=False)
-
-    def refuse(message: str):
-        raise ConfigError(message)
-
-    parser.error = refuse  # a bad HVD_ELASTIC_* value is a ConfigError here, never an exit
-    args = parser.parse_args([])
-    options = cli.options_from_args(args)
-    config = consul_config(args)
-    return cachecli.watch_fetch(config, cli.health_query(args, options), options, WAIT_S, args.timeout), cli.FAILURES
+    found = variables.from_environment()
+    return watch.watch_fetch(found.config, found.query, found.options, WAIT_S, found.timeout), variables.FAILURES
