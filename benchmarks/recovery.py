@@ -35,7 +35,7 @@ freeze      every process of a host SIGSTOPped           the same
 ``--gloo-timeout`` (default 60 s, what jobs with long collectives need) and
 ``--ssh-keepalive`` (default off: OpenSSH's client defaults, as most users run
 horovodrun) set what a partition or a freeze waits for without hvd-elastic's
-lost-host cut (:mod:`hvd_elastic.discovery.lost`).  A sample that has not
+lost-host cut (:mod:`hvd_elastic.health.lost`).  A sample that has not
 reached the new size after ``2 x gloo timeout + 30`` s is recorded at that cap
 and counted as not recovered.
 

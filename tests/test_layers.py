@@ -29,6 +29,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "errors gotypes hostnames fds sdnotify",  # leaves: stdlib only
     "envvars",  # reading the environment: booleans, durations, HOROVOD_HOSTNAME
     "consul",  # the one Consul client
+    "health",  # the service's health, read and judged: stdlib only, no command line
     "options metrics horovodrun",  # the command-line kit; Prometheus exporters; the driver's rules and store keys
     "discovery standby devagent training",  # the roles: each on the layers below, never on each other
     "nodeagent local",  # the node agent (starts through a standby); local clusters of dev agents
@@ -38,10 +39,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
 ))
 
 #: (importing module, imported unit): the edges issue 46 has yet to remove.
-DEBT = {
-    ("hvd_elastic.training._internal.health_cut", "discovery"):
-        "the survivors' lost-host cut reuses discovery's watch and judge (to move into a stdlib-only health layer)",
-}
+DEBT: dict[tuple[str, str], str] = {}
 COMMAND_LINE_DEBT: dict[tuple[str, str], str] = {}
 
 

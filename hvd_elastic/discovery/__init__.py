@@ -2,22 +2,22 @@
 
 Kept import-light on purpose: horovodrun runs discovery every second, so
 nothing here may import torch, horovod or any third-party HTTP client.
-It talks to Consul through :mod:`hvd_elastic.consul`, as every command does.
+It talks to Consul through :mod:`hvd_elastic.consul`, as every command does, and
+reads and judges the service's health with :mod:`hvd_elastic.health` (the
+rules, the query, the blocking loop, the lost-host verdict), which training
+shares.
 
-* :mod:`.hosts` -- pure rules: health entries to validated, merged host lines.
-* :mod:`.query` -- the typed health query of the service and the one call that reads it.
 * :mod:`.jobdir` -- which horovodrun job a call belongs to, and its private directory.
 * :mod:`.firstcall` -- tells a job's first call (may wait for Consul) from later ones.
 * :mod:`.cache` -- the host cache file: format, integrity and freshness.
 * :mod:`.cachekey` -- which cache file answers a command line (tokens masked), and the files next to it.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
-* :mod:`.watch` -- the watcher: one blocking query that keeps a cache fresh.
+* :mod:`.watch` -- the watcher: keeps a cache fresh from one blocking query (:mod:`hvd_elastic.health.watch`).
 * :mod:`.watch_metrics` -- the watcher's Prometheus metrics.
-* :mod:`.settings` -- the typed settings built from discovery's flags and environment, and its failures.
+* :mod:`.settings` -- how the commands report a failure to get or use their settings.
 * :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 * :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
-* :mod:`.lost` -- Consul's verdict that a host of a running world failed its health checks.
 * :mod:`.reaper` -- the launcher's side of a lost host: end horovodrun's worker sessions to it,
   once :mod:`.host_answers` finds it no longer answers; :mod:`.procfs` reads the ``/proc`` facts it needs.
 * :mod:`.token_guard` -- keeps the Consul ACL token off other users' screens (discovery and the doctor).

@@ -19,9 +19,9 @@ import sys
 
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cache, cachekey, jobdir
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.discovery.settings import explain_failure
-from hvd_elastic.discovery.variables import FAILURES, health_query, options_from_args
+from hvd_elastic.health.variables import FAILURES, health_query, options_from_args
 from hvd_elastic.options import (
     ConfigError,
     argument_type,
@@ -149,6 +149,7 @@ def run_watch(args: argparse.Namespace) -> int:
     import logging
 
     from hvd_elastic.discovery import watch
+    from hvd_elastic.health.watch import watch_fetch
 
     prog = command_name(args)
     if not args.cache_file:
@@ -169,7 +170,7 @@ def run_watch(args: argparse.Namespace) -> int:
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
-    fetch = watch.watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
+    fetch = watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
     fetch = _say_why_unanswered(fetch, logging.getLogger("hvd_elastic.discovery.watch"))
     return watch.run(args.cache_file, key, fetch, FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)
@@ -201,6 +202,7 @@ def _say_why_unanswered(fetch, log):
 
 def _reap_grace() -> float | None:
     """The reaper's grace for a job's watcher, None when ``HVD_ELASTIC_HEALTH_REAP`` turns it off."""
-    from hvd_elastic.discovery import lost, reaper
+    from hvd_elastic.discovery import reaper
+    from hvd_elastic.health import lost
 
     return lost.grace_from_env() if reaper.enabled() else None

@@ -44,10 +44,10 @@ import sys
 
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cachecli, cachekey, fast, token_guard
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
 from hvd_elastic.discovery.settings import explain_failure
-from hvd_elastic.discovery.variables import (
+from hvd_elastic.health.variables import (
     DEFAULT_SLOTS,
     FAILURES,
     FILTER,
@@ -75,7 +75,7 @@ from hvd_elastic.options import (
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
-    from hvd_elastic.discovery.query import HealthQuery
+    from hvd_elastic.health.query import HealthQuery
 
 _NAMINGS = [n.value for n in hostlib.HostNaming]
 
@@ -130,7 +130,7 @@ def discover(config: ConsulConfig, query: HealthQuery, options: hostlib.Options,
 
     A job's first call may keep retrying for ``first_call_retry`` seconds; a later one takes at most ``timeout``.
     """
-    from hvd_elastic.discovery.query import read_health
+    from hvd_elastic.health.query import read_health
 
     first_call = FirstCall(query.service)
     retry_window = first_call_retry if first_call.is_first else 0.0
@@ -155,7 +155,7 @@ def warn_dropped(decisions: list[hostlib.Decision]) -> None:
 
 def warn_if_nothing_matches(args: argparse.Namespace, config: ConsulConfig, query: HealthQuery) -> None:
     """One stderr line when the service or a tag asked for exists nowhere in Consul (the output stays empty)."""
-    from hvd_elastic.discovery.query import why_empty
+    from hvd_elastic.health.query import why_empty
 
     why = why_empty(config, query, args.timeout)
     if why is not None:

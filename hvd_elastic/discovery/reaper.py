@@ -40,7 +40,8 @@ import threading
 import time
 
 from hvd_elastic.envvars import env_bool
-from hvd_elastic.discovery import host_answers, lost, procfs
+from hvd_elastic.discovery import host_answers, procfs
+from hvd_elastic.health import lost
 
 log = logging.getLogger(__name__)
 

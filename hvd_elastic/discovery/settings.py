@@ -8,7 +8,7 @@ them with :mod:`.variables` and reports the failures it lists
 
 from __future__ import annotations
 
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.options import command_name
 from hvd_elastic.options import explain_failure as _explain
 

@@ -1,7 +1,7 @@
 """``hvd-elastic status``: the service's nodes as Consul sees them, and what discovery prints.
 
 Reads ``GET /v1/health/service/:name`` WITHOUT ``?passing`` and applies the
-very rules discovery applies (:func:`hvd_elastic.discovery.hosts.evaluate`,
+very rules discovery applies (:func:`hvd_elastic.health.hosts.evaluate`,
 same flags), so the last block is exactly what ``hvd-elastic discover`` would
 print right now.  The host cache's flags (``--cache``, ``--cache-file``,
 ``--watch``...) are refused: status never reads or keeps a cache.  Exit
@@ -14,10 +14,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hvd_elastic.discovery import cachecli, settings, variables
+from hvd_elastic.discovery import cachecli, settings
 from hvd_elastic.discovery import cli as discovery_cli
-from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery.query import read_health
+from hvd_elastic.health import hosts as hostlib
+from hvd_elastic.health import variables
+from hvd_elastic.health.query import read_health
 from hvd_elastic.options import consul_config
 
 COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")

@@ -5,20 +5,15 @@
 discovery's first call of a job starts one in the background
 (:func:`ensure_running`), tied to the horovodrun process.
 
-The loop follows Consul's rules for blocking queries:
+The loop is :func:`hvd_elastic.health.watch.follow` (Consul's rules for
+blocking queries); the publisher here turns what it reads into the file:
 
-* the first request, and the first after any failure, is a plain read
-  (no ``?index=``): the agent may have restarted with a lower index, and a
-  blocking read would then park until its wait ran out;
-* every answer's ``X-Consul-Index`` is the next ``?index=`` (with
-  ``?wait=``); an index that went backwards resets to 0 (a plain read next),
-  and the index is kept >= 1;
 * a return is no promise of change: every successful answer, changed or
   not, rewrites the file with its answer time, which is what keeps it fresh;
 * a failure (unreachable, 5xx, timeout, ``X-Consul-LastContact`` above
   ``--max-stale``, no ``X-Consul-Index``) marks the file failed AT ONCE, so
-  readers query Consul directly instead of trusting the old list, then the
-  watcher backs off (0.1 s doubling to 5 s, jittered) and re-reads.
+  readers query Consul directly instead of trusting the old list, while the
+  loop backs off and re-reads.
 
 Lifetime: one watcher per file (an ``flock`` on ``PATH.lock``); with a job it
 exits within half a second of that process ending, and also once no
@@ -33,37 +28,23 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Sequence
 
 from hvd_elastic.discovery import cache, jobdir
-from hvd_elastic.discovery import hosts as hostlib
 from hvd_elastic.discovery.cachekey import ANSWER_SOURCES, answer_count_path, mark_read, without_token_flags
+from hvd_elastic.health import hosts as hostlib
+from hvd_elastic.health.watch import Fetch, follow
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the direct discovery path imports this module
 if TYPE_CHECKING:
     from hvd_elastic.consul.config import ConsulConfig
-    from hvd_elastic.discovery.query import HealthQuery
 
 log = logging.getLogger("hvd_elastic.discovery.watch")
 
 JOB_POLL_S = 0.5
-BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
-MIN_REQUEST_INTERVAL_S = 0.05  # Consul asks clients to rate-limit: at most 20 reads a second
 LOG_LIMIT = 1 << 20
 IDLE_EXIT_S = 60.0
-
-# (index to wait past, 0 for a plain read) -> (decisions, X-Consul-Index, monotonic answer time)
-Fetch = Callable[[int], "tuple[list[hostlib.Decision], int, float]"]
-
-
-def next_index(previous: int, answered: int) -> int:
-    """The ``?index=`` after an answer carrying ``answered`` (Consul's client rules)."""
-    if answered < previous:
-        return 0  # went backwards (a restarted agent, a new leader): start over with a plain read
-    return max(answered, 1)
 
 
 def body_of(decisions: list[hostlib.Decision]) -> tuple[bytes, bytes]:
@@ -123,67 +104,6 @@ class Publisher:
                     os.unlink(name)
                 except OSError:
                     pass
-
-
-def follow(fetch: Fetch, publisher, stop: threading.Event, failures: tuple[type[BaseException], ...],
-           listeners: Sequence = ()) -> None:
-    """The blocking-query loop (module docstring); returns once ``stop`` is set.
-
-    Every answer and failure goes to ``publisher`` and then to each of
-    ``listeners`` (objects with the same ``answer``/``failure`` methods).
-    """
-    targets = (publisher, *listeners)
-    index, backoff, last_start = 0, BACKOFF_MIN_S, 0.0
-    while not stop.is_set():
-        pause = last_start + MIN_REQUEST_INTERVAL_S - time.monotonic()
-        if pause > 0 and stop.wait(pause):
-            return
-        last_start = time.monotonic()
-        try:
-            decisions, answered_index, answered_at = fetch(index)
-        except failures as exc:
-            for target in targets:
-                target.failure(exc)
-            index = 0
-            if stop.wait(backoff * random.uniform(0.5, 1.0)):
-                return
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
-            continue
-        backoff = BACKOFF_MIN_S
-        for target in targets:
-            target.answer(decisions, answered_index, answered_at)
-        index = next_index(index, answered_index)
-
-
-WATCH_PLAIN_READ_TIMEOUT_S = 10.0  # the watcher holds no horovodrun lock: a large answer may take its time
-WATCH_SLACK_S = 10.0  # beyond wait + jitter, for the server to render and send a large answer
-
-
-def watch_fetch(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, wait: float, plain_timeout: float):
-    """The watcher's ``fetch(index)`` for :func:`follow`: (decisions, X-Consul-Index, monotonic answer time).
-
-    A blocking read parks up to ``wait`` seconds, a plain one (index 0) may take
-    ``plain_timeout``.
-    """
-    from hvd_elastic.consul.errors import ConsulError
-    from hvd_elastic.discovery.query import read_health
-
-    def fetch(index: int) -> tuple[list[hostlib.Decision], int, float]:
-        timeout = wait * 17 / 16 + WATCH_SLACK_S if index else max(plain_timeout, WATCH_PLAIN_READ_TIMEOUT_S)
-        # A watcher lives as long as its job: follow a token file rotated meanwhile.
-        # Every instance, not only passing ones: the reaper must tell a failed host from a drained one
-        # (lost.host_states); the cache still holds only the accepted ones.  Consul's index, and so how
-        # often a blocking read returns, is the same either way.
-        entries, headers = read_health(config.with_fresh_token(), query, passing=False, index=index, wait=wait,
-                                       timeout=timeout, retry=False)
-        answered = time.monotonic()
-        raw_index = headers.get("x-consul-index", "")
-        if not raw_index.isdigit():
-            raise ConsulError(f"Consul at {config.base_url} answered without an X-Consul-Index: cannot block on it",
-                              retryable=True)
-        return hostlib.evaluate(entries, options), int(raw_index), answered
-
-    return fetch
 
 
 def try_lock(path: str) -> int | None:

@@ -1,6 +1,6 @@
 """The discovery watcher's metrics: its blocking query, the cache it keeps fresh, and who read it.
 
-A listener of the watch loop (:func:`hvd_elastic.discovery.watch.follow`): every
+A listener of the watch loop (:func:`hvd_elastic.health.watch.follow`): every
 Consul answer and failure updates it.  The age of the cache and the answers
 discovery calls printed (from the cache, or after querying Consul directly
 because the cache could not vouch for itself) are read at scrape time: the
@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.discovery.cachekey import ANSWER_SOURCES, answer_count_path
 from hvd_elastic.metrics.nodeagent import ERROR_KINDS, consul_error_kind
 

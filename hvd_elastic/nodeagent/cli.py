@@ -26,6 +26,7 @@ from hvd_elastic.envvars import DURATION, parse_seconds
 from hvd_elastic.options import (
     add_consul_arguments,
     add_service_argument,
+    argparse_type,
     argument_type,
     command_name,
     consul_config,
@@ -38,7 +39,7 @@ from hvd_elastic.options import (
     setting,
     stop_on_signals,
 )
-from hvd_elastic.standby.server import standby_name
+from hvd_elastic.standby import protocol as standby_protocol
 
 log = logging.getLogger("hvd_elastic.nodeagent")
 
@@ -123,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM, drain this node first and wait up to SECONDS for the job to leave it "
                              "before deregistering (env HVD_ELASTIC_LEAVE_TIMEOUT; default %(default)s: deregister at "
                              "once); keep it below the time to SIGKILL")
-    parser.add_argument("--standby", type=standby_name, default=env("HVD_ELASTIC_STANDBY"), metavar="NAME",
+    parser.add_argument("--standby", type=argparse_type(standby_protocol.NAME), default=env("HVD_ELASTIC_STANDBY"),
+                        metavar="NAME",
                         help="announce this node only once the job's warm standby NAME answers (hvd-elastic standby; "
                              "env HVD_ELASTIC_STANDBY; default: announce at once)")
     parser.add_argument("--standby-wait", type=non_negative_seconds, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),

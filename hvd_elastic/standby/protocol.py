@@ -31,6 +31,7 @@ import os
 import socket
 from pathlib import Path
 
+from hvd_elastic.envvars import Check
 from hvd_elastic.errors import HvdElasticError
 
 PROTOCOL = 1
@@ -51,6 +52,9 @@ NAME_RULE = "1-64 letters, digits, '-', '_' or '.', not starting with '.' or '-'
 
 def valid_name(name: str) -> bool:
     return 0 < len(name) <= 64 and all(c.isalnum() or c in "-_." for c in name) and name[0] not in ".-"
+
+
+NAME = Check(str, valid_name, f"a standby name ({NAME_RULE})")  # the type of every flag that names a standby
 
 
 def socket_dir() -> Path:

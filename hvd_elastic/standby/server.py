@@ -49,7 +49,7 @@ import time
 import hvd_elastic
 from hvd_elastic import sdnotify
 from hvd_elastic.errors import HvdElasticError
-from hvd_elastic.options import argument_type, command_name, env, fail
+from hvd_elastic.options import argparse_type, command_name, env, fail
 from hvd_elastic.standby import child, protocol
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 BASE_MODULES = ("torch", "torch._dynamo", "horovod.torch", *sorted(set(hvd_elastic._LAZY.values())))
 KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of an abandoned worker
 TICK = 0.5  # seconds: how often the loop looks at signals and deadlines
-standby_name = argument_type(str, protocol.valid_name, f"a standby name ({protocol.NAME_RULE})")
 
 
 class StandbyError(HvdElasticError, RuntimeError):
@@ -394,7 +393,8 @@ def _modules(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", type=standby_name, default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
+    parser.add_argument("--name", type=argparse_type(protocol.NAME),
+                        default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
                         help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; "
                              "default %(default)s)")
     parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD", "")),

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from hvd_elastic.discovery import cache, cachekey, jobdir, watch
-from hvd_elastic.discovery.hosts import evaluate
+from hvd_elastic.health.hosts import evaluate
+from hvd_elastic.health.watch import follow
 from hvd_elastic.consul.client import ConsulError
 
 ME = (os.getpid(), jobdir.proc_stat(os.getpid())[1])
@@ -97,12 +98,6 @@ def test_a_watcher_gets_no_token_on_its_command_line():
     assert cachekey.without_token_flags(argv) == ["--tag", "x", "--filter", "y"]
 
 
-@pytest.mark.parametrize("previous,answered,expected",
-                         [(0, 7, 7), (7, 7, 7), (7, 9, 9), (9, 3, 0), (0, 0, 1), (5, 0, 0)])
-def test_index_rules(previous, answered, expected):
-    assert watch.next_index(previous, answered) == expected
-
-
 def entry(node: str) -> dict:
     return {"Node": {"Node": node, "Address": "10.0.0.1"}, "Service": {"ID": node, "Meta": {"slots": "1"}},
             "Checks": []}
@@ -131,7 +126,7 @@ def test_follow_blocks_on_each_index_resets_after_failures_and_backwards_indexes
         nodes, index_back = step
         return evaluate([entry(n) for n in nodes]), index_back, time.monotonic()
 
-    watch.follow(fetch, publisher, stop, (ConsulError,))
+    follow(fetch, publisher, stop, (ConsulError,))
     # Plain read, block on 5 twice (no change is no reason to stop), on 9, then a plain read after the
     # failure, block on 4, and a plain read again once the index went backwards (2 < 4).
     assert asked == [0, 5, 5, 9, 0, 4, 0]

@@ -1,4 +1,4 @@
-"""Lost-host judging (hvd_elastic.discovery.lost) and the launcher's reaper, without a job.
+"""Lost-host judging (hvd_elastic.health.lost) and the launcher's reaper, without a job.
 
 The judge runs on a fake clock; the reaper's session finder and killer run on a
 real process tree shaped like horovodrun's (a parent, a session-leading
@@ -19,9 +19,10 @@ import psutil
 import pytest
 
 from hvd_elastic.consul.config import ConfigError
-from hvd_elastic.discovery import hosts as hostlib
-from hvd_elastic.discovery import lost, reaper
-from hvd_elastic.discovery.lost import HostState, LostHostJudge
+from hvd_elastic.health import hosts as hostlib
+from hvd_elastic.discovery import reaper
+from hvd_elastic.health import lost
+from hvd_elastic.health.lost import HostState, LostHostJudge
 from testbed import wait_until
 
 

@@ -2,7 +2,7 @@
 
 Three netns hosts over real ssh WITHOUT keep-alives (``ssh_keepalive=False``),
 HashiCorp Consul, node agents with a 3 s TTL, and ``HOROVOD_GLOO_TIMEOUT_SECONDS=60``:
-without the lost-host cut (:mod:`hvd_elastic.discovery.lost`) such a job trains no
+without the lost-host cut (:mod:`hvd_elastic.health.lost`) such a job trains no
 step at the smaller size for as long as the host stays away.  Each wait for the
 smaller world is bounded below the Gloo timeout, so a job that waited for Gloo or
 for its ssh session fails the test; each job then ends with the fault matrix's

@@ -7,7 +7,7 @@ knows much sooner: the host's node agent stops renewing its TTL check.  So the
 first rank of every host (``HOROVOD_LOCAL_RANK`` 0: one Consul reader per
 host, and any surviving host suffices) follows the training service's health
 with the same blocking query as the discovery watcher, and once
-:class:`~hvd_elastic.discovery.lost.LostHostJudge` judges a host of its
+:class:`~hvd_elastic.health.lost.LostHostJudge` judges a host of its
 current world lost (failed, never drained, for the grace period) it hangs up
 its own Gloo connections (:func:`.gloo_hangup.hang_up`).  Its collective fails
 at once, every peer it talks to fails in turn (and hangs up on failing, see
@@ -45,7 +45,7 @@ import os
 import threading
 
 from hvd_elastic.envvars import ConfigError, env_bool, horovod_hostname
-from hvd_elastic.discovery import lost
+from hvd_elastic.health import lost
 from hvd_elastic.training._internal import gloo_hangup
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class HealthCut:
         return True
 
     def start(self, fetch, failures) -> None:
-        from hvd_elastic.discovery.watch import follow
+        from hvd_elastic.health.watch import follow
 
         threading.Thread(target=follow, args=(fetch, self.judge, self._stop, failures), name="health-cut-read",
                          daemon=True).start()
@@ -157,7 +157,7 @@ def start() -> HealthCut | None:
 
 def _fetch():
     """Discovery's blocking health read, configured from the environment as discovery's flags default."""
-    from hvd_elastic.discovery import variables, watch
+    from hvd_elastic.health import variables, watch
 
     found = variables.from_environment()
     return watch.watch_fetch(found.config, found.query, found.options, WAIT_S, found.timeout), variables.FAILURES

@@ -1,4 +1,4 @@
-"""Discovery's settings from variables alone (:mod:`hvd_elastic.discovery.variables`), as a worker reads them."""
+"""Discovery's settings from variables alone (:mod:`hvd_elastic.health.variables`), as a worker reads them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from hvd_elastic.discovery import cli, variables
+from hvd_elastic.discovery import cli
+from hvd_elastic.health import variables
 from hvd_elastic.envvars import ConfigError
 from hvd_elastic.options import consul_config
 from testbed import REPO

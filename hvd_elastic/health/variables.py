@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.envvars import (
     BOOLEAN,
     DATACENTER_ENV,
@@ -35,7 +35,7 @@ from hvd_elastic.envvars import (
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on discovery's direct path
 if TYPE_CHECKING:
-    from hvd_elastic.discovery.query import HealthQuery
+    from hvd_elastic.health.query import HealthQuery
 
 _NAMINGS = [n.value for n in hostlib.HostNaming]
 HOST_NAMING = Check(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
@@ -111,7 +111,7 @@ def options_from_args(args, environ: Mapping[str, str] | None = None) -> hostlib
 
 def health_query(args, options: hostlib.Options) -> HealthQuery:
     """The typed health query these settings ask for."""
-    from hvd_elastic.discovery.query import HealthQuery  # socket, json: not on the cached path
+    from hvd_elastic.health.query import HealthQuery  # socket, json: not on the cached path
 
     return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale,
                        max_stale=args.max_stale, settings=asked_settings(args))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_elastic.discovery.hosts import (
+from hvd_elastic.health.hosts import (
     Decision,
     HostNaming,
     MalformedResponse,

@@ -26,7 +26,7 @@ failed to answer: a failed read forgets every pending verdict, and an agent
 that comes back reports every check critical until the node agents' next
 update, so neither an unreachable nor a freshly restarted Consul is ever
 evidence against a host.
-It is fed by :func:`hvd_elastic.discovery.watch.follow` (``answer``/``failure``)
+It is fed by :func:`hvd_elastic.health.watch.follow` (``answer``/``failure``)
 and calls ``on_lost(host, why)`` once per failure of a host that ``watched()``
 still lists -- again at every poll while it returns False ("not now").  Two
 users: the discovery watcher on the launch host (:mod:`.reaper`) and every
@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from hvd_elastic.envvars import env_seconds
-from hvd_elastic.discovery import hosts as hostlib
+from hvd_elastic.health import hosts as hostlib
 
 log = logging.getLogger(__name__)
 
