@@ -11,6 +11,7 @@ demo: bootstrap
 
 test: bootstrap
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The documentation site, docs/ -> site/ (git-ignored); the reference pages are generated from the code

@@ -38,6 +38,7 @@ from hvd_elastic.consul.errors import ConsulError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: discovery's full path imports this module
 if TYPE_CHECKING:
+    import contextlib
     import logging
     import threading
     from collections.abc import Iterator
@@ -156,8 +157,9 @@ def one_line_errors(parser: argparse.ArgumentParser, prog: str | None = None) ->
             sources[action.dest] = text.variable
         return value
 
-    parser.error = error
-    parser._get_value = get_value
+    # Instance attributes over argparse's methods: this parser's errors and conversions only.
+    parser.error = error  # type: ignore[method-assign]
+    parser._get_value = get_value  # type: ignore[method-assign,assignment]
 
 
 def fail(prog: str, message: object, code: int) -> int:
@@ -180,7 +182,7 @@ def explain_failure(prog: str, exc: Exception) -> int:
     return fail(prog, exc, 2 if isinstance(exc, (ConfigError, argparse.ArgumentTypeError)) else 1)
 
 
-def stop_on_signals(log: logging.Logger, action: str) -> Iterator[threading.Event]:
+def stop_on_signals(log: logging.Logger, action: str) -> contextlib.AbstractContextManager[threading.Event]:
     """A context manager: an event set by SIGTERM or SIGINT, for long-running commands that stop cleanly.
 
     The previous handlers are restored on exit, so in-process callers (tests)

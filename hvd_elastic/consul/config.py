@@ -69,7 +69,7 @@ class ConsulConfig:
     def setting(self, key: str) -> str:
         """The flag or variable that set ``key`` (a key of SETTINGS), for an error message."""
         flag, variable = SETTINGS[key]
-        return flag if key in self.from_flags else variable
+        return flag if flag and key in self.from_flags else variable
 
     def __repr__(self) -> str:  # never show the token
         shown = "set" if self.token else "none"

@@ -332,8 +332,8 @@ class Catalog:
         check.create_index = current.create_index if current is not None else idx
         check.modify_index = idx
         if check.status == CRITICAL:
-            keep = current is not None and current.status == CRITICAL and current.critical_since is not None
-            check.critical_since = current.critical_since if keep else time.monotonic()
+            since = current.critical_since if current is not None and current.status == CRITICAL else None
+            check.critical_since = since if since is not None else time.monotonic()
         self.checks[check.node][check.check_id] = check
         if check.status == CRITICAL and (current is None or current.status != CRITICAL):
             self._lost(check)

@@ -11,6 +11,8 @@ session's lock-delay.
 
 from __future__ import annotations
 
+import builtins  # the store has a method named list
+
 import base64
 import dataclasses
 import time
@@ -71,11 +73,11 @@ class KVStore:
         tomb = max((i for k, i in self._tombstones.items() if k.startswith(prefix)), default=0)
         return max(best, tomb) or self.table_index()
 
-    def list(self, prefix: str) -> list[Entry]:
+    def list(self, prefix: str) -> builtins.list[Entry]:
         return [self.entries[k] for k in sorted(self.entries) if k.startswith(prefix)]
 
-    def keys(self, prefix: str, separator: str) -> list[str]:
-        out: list[str] = []
+    def keys(self, prefix: str, separator: str) -> builtins.list[str]:
+        out: builtins.list[str] = []
         for key in sorted(self.entries):
             if not key.startswith(prefix):
                 continue

@@ -218,13 +218,15 @@ class _HelpFormatter(argparse.HelpFormatter):
         if kwargs.get("width") is None:
             import os
 
-            columns = os.environ.get("COLUMNS", "")
-            if not columns.isdigit():
+            text = os.environ.get("COLUMNS", "")
+            if text.isdigit():
+                columns = int(text)
+            else:
                 try:
                     columns = os.get_terminal_size(sys.stdout.fileno()).columns
                 except OSError:
                     columns = 80
-            kwargs["width"] = max(int(columns) - 2, 40)
+            kwargs["width"] = max(columns - 2, 40)
         super().__init__(prog, **kwargs)
 
 

@@ -117,7 +117,7 @@ def try_lock(path: str) -> int | None:
     return fd
 
 
-def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[int, str] | None,
+def run(path: str, key: str, fetch: Fetch, failures: tuple[type[BaseException], ...], *, job: tuple[str, str] | None,
         max_age: float, mode: int = 0o600, reap_grace: float | None = None, metrics_addr: str | None = None) -> int:
     """Keep ``path`` fresh until ``job`` ends or a signal arrives; exit status 0.
 

@@ -203,7 +203,7 @@ def merge(decisions: Iterable[Decision]) -> list[tuple[str, int]]:
     slots_by_host: dict[str, int] = {}
     for d in decisions:
         if d.accepted:
-            slots_by_host[d.host] = max(d.slots, slots_by_host.get(d.host, 0))
+            slots_by_host[d.host] = max(d.slots or 0, slots_by_host.get(d.host, 0))  # accepted: slots set
     return sorted(slots_by_host.items())
 
 

@@ -79,6 +79,7 @@ class Evidence:
         self.out = out
         self.imported = IMPORTED if imported is None else imported
         self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        self.initialised: float | None = None  # the caller sets it once hvd.init() returned
         for sub in ("ledger", "pids"):
             os.makedirs(os.path.join(out, sub), exist_ok=True)
         self._ledger = open(os.path.join(out, "ledger", f"{self.host}-{os.getpid()}.jsonl"), "a", buffering=1)

@@ -8,6 +8,7 @@ Drawn with matplotlib's headless Agg backend (no display needed), to a PNG of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from .runlog import RunLog
@@ -101,7 +102,7 @@ def _draw_changes(ax_loss, ax_size, timeline: Timeline, t0: float) -> None:
                              color=colour)
 
 
-def _split(points: list[tuple[float, float]], gaps: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+def _split(points: Sequence[tuple[float, float]], gaps: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
     """``points`` cut into runs at the ``gaps``, so no line is drawn across a stretch without steps."""
     segments: list[list[tuple[float, float]]] = [[]]
     starts = iter(sorted(b for _, b in gaps))

@@ -60,7 +60,7 @@ def move(buffer: FlatBuffer, *, sharers: Collection[int], hashing: bool, copying
     if copying and not fill_as_sent:
         buffer.copy_from(live)
     table = transfer.empty_table(count)
-    meanwhile = [functools.partial(transfer.hash_into, table, buffer, [i])
+    meanwhile: list[Callable[[], None]] = [functools.partial(transfer.hash_into, table, buffer, [i])
                  for i in range(count if verify and hashing else 0)]
 
     def unpack_and_hash(indices: list[int]) -> None:
