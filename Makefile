@@ -1,6 +1,6 @@
 # The two entry points README.md promises, and the documentation site; each does all of its own set-up.
 VENV ?= .venv
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30  # the slowest tests, where the suite's time goes
 
 .PHONY: bootstrap demo test docs
 bootstrap:
