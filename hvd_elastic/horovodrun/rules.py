@@ -64,7 +64,11 @@ keeps Horovod's):
    never came, and the round after never filled (horovodrun alive, nothing
    trained, until something killed the job).  At the end of each round the rules
    free the slots of the round's failed workers, so the next world starts a
-   worker in each one it keeps.
+   worker in each one it keeps.  A next world with no host of the last one
+   left (every survivor's host drained or gone while the others failed) has
+   no survivor to hand it the state: Horovod ends the job then ("No hosts from
+   previous set remaining"); with a durable checkpoint announced, as in rule 2,
+   the new world resumes from it instead (counted with rule 2's rounds).
 
 Contract:
 
@@ -163,7 +167,7 @@ def install(gloo_run: Any) -> None:
 
     version = getattr(horovod, "__version__", "?")
     needed = [(driver.ElasticDriver, ("__init__", "_handle_worker_exit", "stop", "finished", "get_results",
-                                      "register_worker_server")),
+                                      "register_worker_server", "_update_host_assignments")),
               (discovery.HostState, ("blacklist",)),
               (registration.WorkerStateRegistry, ("_on_workers_recorded", "_wait")),
               (gloo_run, ("register_shutdown_event", "create_rendezvous_handler")),
@@ -282,9 +286,34 @@ def _patch_driver_lifecycle(cls: Any) -> None:
         return get_results
 
     _wrap(cls, "_handle_worker_exit", handle_worker_exit)
+    _wrap(cls, "_update_host_assignments", _resume_without_survivors)
     _wrap(cls, "stop", stop)
     _wrap(cls, "register_worker_server", register_worker_server)
     _wrap(cls, "get_results", get_results)
+
+
+def _resume_without_survivors(original):
+    """Rule 6's second half: a next world that keeps no host of the last one starts from the checkpoint."""
+
+    def _update_host_assignments(self, current_hosts):
+        try:
+            return original(self, current_hosts)
+        except RuntimeError as exc:
+            job = _job(self)
+            if job is None or not self._host_assignments or "No hosts from previous set" not in str(exc):
+                raise
+            refusal = job.restart_refusal([])
+            if refusal is not None:
+                log.error("hvd-elastic: no host of the last world is in the next one, and %s: ending the job as "
+                          "Horovod does", refusal)
+                raise
+            job.all_failed += 1
+            log.warning("hvd-elastic: no host of the last world is in the next one, so no survivor can hand it the "
+                        "state: it resumes from the newest checkpoint (%d of at most %d such rounds in a row)",
+                        job.all_failed, ALL_FAILED_ROUNDS)
+            self._host_assignments = {}  # every slot of the new world gets a new worker
+            return original(self, current_hosts)
+    return _update_host_assignments
 
 
 def _forget_old_failures(driver: Any, host_state: type) -> None:

@@ -23,6 +23,9 @@ turns into a dead or wedged job, reproduced directly (no soak):
   driver still waits for hosts: stock Horovod finds the host's slot in the previous world, counts it as
   running and starts no worker for it, so the survivor waits for a rank that never comes and the next
   round never fills (horovodrun alive, nothing trains); here the slot gets a new worker;
+* the same, with the survivor's host gone meanwhile: no host of the last world is in the next, so no
+  survivor can hand it the state (stock Horovod wedges as above; freeing the slot alone would end the
+  job, "No hosts from previous set remaining"); here the next world resumes from the checkpoint;
 * a host of the next world is lost while the survivors re-initialise (the newcomer's worker ends
   before ``hvd.init()``): stock Horovod's survivors wait out Gloo's rendezvous timeout inside
   ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state.
@@ -179,6 +182,24 @@ def test_a_host_back_from_its_cooldown_while_the_driver_waits_gets_a_new_worker(
     assert "127.0.0.1[0] exited 137: a new worker takes its slot" in log, log[-3000:]
     assert "Wait timeout" not in log and "every worker of the round failed" not in log, log[-3000:]
     assert not EventLog.read(out / "events.jsonl", event="resume"), "the survivor resumed from a checkpoint"
+    assert not run_problems(out), run_problems(out)
+
+
+def test_a_next_world_with_no_host_of_the_last_one_resumes_from_the_checkpoint(tmp_path):
+    job, out, progress = start(tmp_path, min_np=1)
+    with job:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        workers(out)["127.0.0.1"].send_signal(signal.SIGKILL)  # held out for its cooldown (4-6 s)
+        (tmp_path / "hosts").write_text("127.0.0.1:1\n")  # and the survivor's host leaves meanwhile
+        killed = time.time()
+        job.wait_until("a step on 127.0.0.1 after the kill",
+                       lambda: any(r["time"] > killed and r["host"] == "127.0.0.1" for r in progress.rows()), WAIT)
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "no host of the last world is in the next one, so no survivor can hand it the state" in log, log[-3000:]
+    assert "stop running" not in log, log[-3000:]
+    assert len(EventLog.read(out / "events.jsonl", event="resume")) == 1
     assert not run_problems(out), run_problems(out)
 
 
