@@ -164,14 +164,16 @@ class Launcher:
 
     def _end_stuck_child(self) -> int:
         """SIGTERM the command's process group, SIGKILL after :data:`KILL_GRACE_S`; its returncode."""
+        child = self.child
+        assert child is not None  # only while a command runs
         for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, sig)
+                os.killpg(child.pid, sig)
             try:
-                return self.child.wait(timeout=wait)
+                return child.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        return self.child.wait()
+        return child.wait()
 
     def _stop(self, signum, frame) -> None:
         self.stopped_by = signum

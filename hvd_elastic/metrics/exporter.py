@@ -11,6 +11,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from hvd_elastic.fds import release
 from hvd_elastic.metrics.address import MetricsAddressError, parse
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
 log = logging.getLogger(__name__)
 
 _live: set["Exporter"] = set()
@@ -31,13 +35,16 @@ class Exporter:
     def __init__(self, registry: CollectorRegistry, what: str) -> None:
         self.registry = registry
         self.what = what
-        self._server = None
+        self._server: WSGIServer | None = None
         self._failed: set[str] = set()  # addresses already reported, so a retry per reset logs once
 
     @property
     def address(self) -> tuple[str, int] | None:
         """The bound ``(host, port)`` (the real port when 0 was asked), or None when not serving."""
-        return None if self._server is None else self._server.server_address[:2]
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return str(host), port  # an AF_INET/AF_INET6 address: the host is text
 
     def start(self, spec: str, source: str) -> bool:
         """Serve at ``spec`` (``[HOST]:PORT``, from ``source``: a flag or variable name); True when serving."""
@@ -45,7 +52,7 @@ class Exporter:
             return True
         try:
             host, port = parse(spec, source)
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except (MetricsAddressError, OSError) as exc:
             reason = (str(exc) if isinstance(exc, MetricsAddressError)
                       else f"cannot listen on {spec}: {exc.strerror or exc}")
@@ -53,8 +60,9 @@ class Exporter:
                 self._failed.add(reason)
                 log.error("%s metrics are off: %s", self.what, reason)
             return False
+        self._server = server
         _release_in_children(self)
-        host, port = self.address
+        host, port = self.address or ("?", 0)
         log.info("%s metrics at http://%s:%d/metrics", self.what, f"[{host}]" if ":" in host else host, port)
         return True
 
