@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 _READ = 1 << 16
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
@@ -65,7 +65,7 @@ def request(method: str, host: str, port: int, target: str, headers: dict[str, s
 
     # An ASCII host as bytes skips the idna codec's import (unicodedata, stringprep).
     dial = host.encode("ascii") if host.isascii() else host
-    sock = socket.create_connection((dial, port), timeout=remaining(deadline))
+    sock = socket.create_connection((dial, port), timeout=remaining(deadline))  # type: ignore[arg-type]
     try:
         if ssl_context is not None:
             sock.settimeout(remaining(deadline))
@@ -80,7 +80,8 @@ def request(method: str, host: str, port: int, target: str, headers: dict[str, s
 def _read_response(sock: socket.socket, deadline: float) -> tuple[int, dict[str, str], bytes]:
     buf = bytearray()
     head_end = -1
-    status, headers, length = 0, {}, None
+    status, length = 0, None
+    headers: dict[str, str] = {}
     while True:
         if head_end < 0:
             head_end = buf.find(b"\r\n\r\n")
@@ -152,7 +153,7 @@ def _content_length(headers: dict[str, str]) -> int | None:
     return int(text)
 
 
-def _chunk_spans(data: bytes | bytearray, pos: int = 0) -> Iterator[tuple[int, int]]:
+def _chunk_spans(data: bytes | bytearray, pos: int = 0) -> Generator[tuple[int, int], None, int]:
     """(start, size) of each data chunk of the chunked body at ``data[pos:]``; returns the position after
     the last (empty) chunk's size line.  Raises BadAnswer, ``truncated`` when the body is cut short."""
     while True:

@@ -124,7 +124,7 @@ def through_standby(name: str, command: list[str]) -> int:
         raise Fallback(f"standby {name!r} did not answer ({_describe(exc)})") from None
     try:
         why = protocol.unusable(hello)
-        if why is not None:
+        if why is not None or hello is None:  # unusable() refuses a standby that sent no hello
             raise Fallback(f"standby {name!r} {why}")
         request = python_request(command, str(hello.get("python", "")))
         sock.settimeout(FORK_TIMEOUT)
@@ -167,6 +167,8 @@ class _Signals:
             self.send(signum)
 
     def send(self, signum: int) -> None:
+        if self.pid is None:
+            return  # only relay_to calls it before: it set the pid
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
@@ -178,8 +180,8 @@ class _Signals:
             self.send(self.held.pop(0))
 
     def give_up(self) -> None:
-        for signum in FORWARDED:
-            signal.signal(signum, signal.SIG_DFL)
+        for forwarded in FORWARDED:
+            signal.signal(forwarded, signal.SIG_DFL)
         for signum in self.held:
             os.kill(os.getpid(), signum)
 
