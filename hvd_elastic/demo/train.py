@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     state = TrainingState(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
                           batch_policy=BatchPolicy.constant_global(GLOBAL_BATCH), epoch=0, step=0, history=[],
                           digests=[])
-    empty = ([], torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.int64))
+    empty: tuple[list[int], torch.Tensor, torch.Tensor] = ([], torch.zeros(0, 1, 8, 8),
+                                                           torch.zeros(0, dtype=torch.int64))
 
     @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,
                      event_log=os.path.join(args.out, "events.jsonl"))

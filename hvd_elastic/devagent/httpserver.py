@@ -105,6 +105,7 @@ class HTTPServer:
 
     async def _serve(self, stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None  # a coroutine the server runs as a task
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -215,7 +216,7 @@ class HTTPServer:
 
     async def _read_body(self, reader: "_Input", headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
-            chunks = []
+            chunks: list[bytes] = []
             total = 0
             while True:
                 size_line = await reader.readline()

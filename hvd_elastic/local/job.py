@@ -75,7 +75,7 @@ class Job:
 
     def __init__(
         self,
-        cmd: Sequence[str],
+        cmd: Sequence[str | os.PathLike[str]],
         *,
         env: dict[str, str],
         logdir: Path,
@@ -97,7 +97,7 @@ class Job:
 
     def start(self, **extra_env: str) -> "Job":
         """Start an attempt (``extra_env`` on top of the job's environment); returns the job."""
-        if self.running():
+        if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
         self.logdir.mkdir(parents=True, exist_ok=True)
         log = self.logdir / f"{self.name}.{len(self.logs)}.log"

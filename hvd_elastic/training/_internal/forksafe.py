@@ -86,6 +86,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from hvd_elastic.envvars import parse_bool
 from hvd_elastic.fds import FD_DIR, release
@@ -99,7 +100,7 @@ ENV = "HVD_ELASTIC_FORK_SAFETY"
 _PR_SET_PDEATHSIG = 1
 
 _installed: bool | None = None  # the first install()'s answer
-_prctl = None  # libc's prctl, resolved in the parent: a child must not dlopen (loader locks after fork)
+_prctl: Any = None  # libc's prctl, resolved in the parent: a child must not dlopen (loader locks after fork)
 # Written by the before-fork hook of the forking thread, read in its child (the same thread, and
 # thread-local data survives the fork).  A module global would be overwritten by a fork in another
 # thread between this hook and this thread's fork: other before-fork hooks and the import lock may
@@ -195,6 +196,8 @@ def _is_daemonic_process(caller) -> bool:
 
 
 def _die_with_parent() -> None:
+    if _prctl is None:
+        return  # install() found no prctl: it logged why
     if _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return  # refused (seccomp): torch's watchdog still ends a DataLoader worker, later
     if os.getppid() != _fork.parent_pid:

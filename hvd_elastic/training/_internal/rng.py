@@ -30,7 +30,7 @@ class RNGState:
         kind, keys, pos, has_gauss, cached = _np.random.get_state()
         state["numpy"] = {
             "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype("int64")),
+            "keys": torch.from_numpy(_np.asarray(keys, dtype=_np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
