@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-on-host", metavar="HOST",
                         help="tests only: a worker started on HOST (HOROVOD_HOSTNAME) exits 3 before hvd.init(): "
                              "a host lost between its start and its rendezvous")
+    parser.add_argument("--die-in-first-sync", metavar="FILE",
+                        help="tests only: unless FILE exists, rank 0 creates it and exits 3 inside its sync (after "
+                             "the resume, before the broadcast): a rank 0 lost during a relaunched job's first sync")
     parser.add_argument("--broken-restore", action="store_true",
                         help="tests only: restore() leaves model, optimizer and scheduler as they are")
     return parser.parse_args(argv)
@@ -186,6 +189,18 @@ class _BrokenRestore:
             obj.load_state_dict(kept)
 
 
+class _DieInFirstSync:
+    """Tests only: rank 0 exits 3 inside the sync, once per ``marker`` file."""
+
+    marker: str
+
+    def sync(self) -> None:
+        if hvd.rank() == 0 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        super().sync()
+
+
 def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
     import hvd_elastic
     from hvd_elastic import ExactlyOnceSampler, TrainingState
@@ -195,6 +210,8 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=ExactlyOnceSampler.collate())
     cls = type("BrokenRestoreState", (_BrokenRestore, TrainingState), {}) if args.broken_restore else TrainingState
+    if args.die_in_first_sync:
+        cls = type("DyingState", (_DieInFirstSync, cls), {"marker": args.die_in_first_sync})
     state = cls(model=model, optimizer=optimizer, schedulers=[scheduler], sampler=sampler,
                 epoch=0, step=0, history=[], digests=[])
     empty = ([], torch.zeros(0, 16), torch.zeros(0))

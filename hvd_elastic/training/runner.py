@@ -199,7 +199,9 @@ class _Session:
         self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
         # Read once: a bad HVD_ELASTIC_CHECKPOINT_LOCAL is an error now, on every rank.
         self._check_shared = shared_dir.enabled(config.checkpoint_dir_shared) if self.checkpoints else False
-        self._resumed = False  # this process's first sync loads the newest checkpoint (rank 0)
+        # Until this process has completed a sync, the rank 0 of each sync it enters loads the newest
+        # checkpoint first: a rank 0 lost during the job's first sync must not leave the next world at step 0.
+        self._resumed = False
         # Only commits made during this call need a checkpoint at exit.
         self._last_checkpoint_commit = getattr(state, "commit_count", None)
         self._host_updates = HostUpdateResult.no_update
@@ -255,6 +257,7 @@ class _Session:
                 self.events.close()
 
     def _call(self, fn: Callable, state, *args, **kwargs):
+        self._resumed = True  # a sync completed: this process holds the job's state from now on
         self._refresh_rank()
         self._entries += 1
         self.metrics.on_world(self._rank, self._size)
@@ -306,7 +309,6 @@ class _Session:
                 # Before the load: a rank 0 that sees another directory than the others must not resume from it.
                 shared_dir.confirm(self.checkpoints.directory, news["shared_dir"])
         if resume_due:
-            self._resumed = True
             self._resume()
         # On every rank whether or not it serves: a collective must never depend on a setting.
         carried = news["metrics"] if "metrics" in news else objects.broadcast_object(

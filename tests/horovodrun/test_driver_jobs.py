@@ -203,6 +203,35 @@ def test_a_next_world_with_no_host_of_the_last_one_resumes_from_the_checkpoint(t
     assert not run_problems(out), run_problems(out)
 
 
+def test_a_rank_0_lost_in_a_relaunched_jobs_first_sync_does_not_restart_training(tmp_path):
+    """Not a driver rule: the job's own resume.  Rank 0 loads the newest checkpoint before the first sync;
+    when it dies in that sync, the next world's rank 0 must load it too, not broadcast its fresh state."""
+    job, out, progress = start(tmp_path, min_np=1)
+    with job:
+        job.wait_until("a checkpoint past step 6", lambda: max(checkpoint_steps(out), default=0) >= 6, WAIT)
+        job.kill()
+    saved = max(checkpoint_steps(out))
+    relaunched = time.time()
+    discovery = host_file_discovery(tmp_path / "hosts2", BOTH)
+    cmd = [*horovodrun_elastic(discovery, 2, 1, 2), sys.executable, "-m", "testbed.worker", "--out", out,
+           "--samples", "96", "--checkpoint-every", "3", "--die-in-first-sync", tmp_path / "died"]
+    again = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60"), logdir=tmp_path,
+                name="relaunched").start()
+    with again:
+        again.wait_until("rank 0 to die in the first sync", lambda: (tmp_path / "died").exists(), WAIT)
+        again.wait_until("3 steps after the relaunch",
+                         lambda: sum(r["time"] > relaunched for r in progress.rows()) >= 3, WAIT)
+        (out / "stop").touch()
+        again.finish(WAIT)
+    after = [r["step"] for r in progress.rows() if r["time"] > relaunched]
+    assert min(after) > saved, f"the relaunched job trained from step {min(after)}, its checkpoint was at {saved}"
+    assert not run_problems(out), run_problems(out)
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return [json.loads(path.read_text()).get("step", 0) for path in CheckpointManager(out / "ckpt").checkpoints()]
+
+
 def third_local_host() -> str:
     """A third name horovodrun runs on this machine without ssh: the machine's own host name."""
     name = socket.gethostname()
