@@ -147,6 +147,18 @@ class Job:
             return f"{self.all_failed} such rounds in a row"
         return None
 
+    def restart_from_checkpoint(self, what: str, codes: list[int | None]) -> bool:
+        """Whether a new world may resume from the checkpoint after ``what`` (one log line either way); a
+        yes counts one more such round in a row."""
+        refusal = self.restart_refusal(codes)
+        if refusal is not None:
+            log.error("hvd-elastic: %s and %s: ending the job as Horovod does", what, refusal)
+            return False
+        self.all_failed += 1
+        log.warning("hvd-elastic: %s: starting a new world that resumes from the newest checkpoint (%d of at most "
+                    "%d such rounds in a row)", what, self.all_failed, ALL_FAILED_ROUNDS)
+        return True
+
 
 def applies(discovery: Any, environ: dict[str, str] | None = None) -> bool:
     """Whether the rules apply to a driver with ``discovery``: ``HVD_ELASTIC_DRIVER`` when set (a boolean),
@@ -302,15 +314,9 @@ def _resume_without_survivors(original):
             job = _job(self)
             if job is None or not self._host_assignments or "No hosts from previous set" not in str(exc):
                 raise
-            refusal = job.restart_refusal([])
-            if refusal is not None:
-                log.error("hvd-elastic: no host of the last world is in the next one, and %s: ending the job as "
-                          "Horovod does", refusal)
+            if not job.restart_from_checkpoint("no host of the last world is in the next one, so no survivor can "
+                                               "hand it the state", []):
                 raise
-            job.all_failed += 1
-            log.warning("hvd-elastic: no host of the last world is in the next one, so no survivor can hand it the "
-                        "state: it resumes from the newest checkpoint (%d of at most %d such rounds in a row)",
-                        job.all_failed, ALL_FAILED_ROUNDS)
             self._host_assignments = {}  # every slot of the new world gets a new worker
             return original(self, current_hosts)
     return _update_host_assignments
@@ -464,13 +470,8 @@ def _restarted_all(registry: Any, job: Job, success: str, failure: str, ready: s
         job.all_failed = 0  # a round got through
         return False
     codes = sorted({job.exits.get(key) for key in failed}, key=lambda code: (code is None, code))
-    refusal = job.restart_refusal(codes)
-    if refusal is not None:
-        log.error("hvd-elastic: %s (exit codes %s) and %s: ending the job as Horovod does", what, codes, refusal)
+    if not job.restart_from_checkpoint(f"{what} (exit codes {codes})", codes):
         return False
-    job.all_failed += 1
-    log.warning("hvd-elastic: %s (exit codes %s): starting a new world that resumes from the newest checkpoint "
-                "(%d of at most %d such rounds in a row)", what, codes, job.all_failed, ALL_FAILED_ROUNDS)
     for host, _ in failed:
         registry._host_manager.blacklist(host)  # each returns after its cooldown, when discovery lists it
     # No survivor holds the state: the new world need not include a previous host to sync from.

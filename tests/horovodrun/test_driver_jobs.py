@@ -73,17 +73,23 @@ def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...]
     """The job on ``hosts`` (both by default), training at world size 2 (``--samples`` keeps epochs short)."""
     out = tmp_path / "job"
     out.mkdir()
-    discovery = host_file_discovery(tmp_path / "hosts", hosts)
-    # One host cannot show horovodrun which interfaces its hosts share: name it, as a one-node job must.
-    nics = ["--network-interface", "lo"] if hosts.count("\n") == 1 else []
-    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np, *nics), sys.executable, "-m", "testbed.worker",
-           "--out", out, "--samples", "96", "--checkpoint-every", "3", *args]
-    job = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
-              logdir=tmp_path, name="horovodrun").start()
+    job = launch(tmp_path, out, min_np=min_np, max_np=max_np, args=args, hosts=hosts, **env)
     progress = JsonLines(out / "progress.jsonl")
     job.wait_until("4 steps at world size 2", lambda: sum(r["size"] == 2 for r in progress.rows()) >= 4, WAIT)
     job.wait_until("both workers", lambda: len(workers(out, every=True)) == 2, WAIT)
     return job, out, progress
+
+
+def launch(tmp_path: Path, out: Path, *, min_np: int, max_np: int = 2, args: tuple = (), hosts: str = BOTH,
+           name: str = "horovodrun", **env: str) -> Job:
+    """The job on ``hosts`` writing to ``out``, started (a host file of its own per ``name``)."""
+    discovery = host_file_discovery(tmp_path / ("hosts" if name == "horovodrun" else f"hosts.{name}"), hosts)
+    # One host cannot show horovodrun which interfaces its hosts share: name it, as a one-node job must.
+    nics = ["--network-interface", "lo"] if hosts.count("\n") == 1 else []
+    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np, *nics), sys.executable, "-m", "testbed.worker",
+           "--out", out, "--samples", "96", "--checkpoint-every", "3", *args]
+    return Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
+               logdir=tmp_path, name=name).start()
 
 
 def kill_after_a_checkpoint_then_finish(job: Job, out: Path, progress: JsonLines, victims: list) -> None:
@@ -212,11 +218,7 @@ def test_a_rank_0_lost_in_a_relaunched_jobs_first_sync_does_not_restart_training
         job.kill()
     saved = max(checkpoint_steps(out))
     relaunched = time.time()
-    discovery = host_file_discovery(tmp_path / "hosts2", BOTH)
-    cmd = [*horovodrun_elastic(discovery, 2, 1, 2), sys.executable, "-m", "testbed.worker", "--out", out,
-           "--samples", "96", "--checkpoint-every", "3", "--die-in-first-sync", tmp_path / "died"]
-    again = Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60"), logdir=tmp_path,
-                name="relaunched").start()
+    again = launch(tmp_path, out, min_np=1, args=("--die-in-first-sync", tmp_path / "died"), name="relaunched")
     with again:
         again.wait_until("rank 0 to die in the first sync", lambda: (tmp_path / "died").exists(), WAIT)
         again.wait_until("3 steps after the relaunch",
