@@ -55,6 +55,7 @@ from hvd_elastic.health.variables import (
     HOST_NAME,
     MAX_SLOTS,
     MAX_STALE,
+    NAMINGS,
     SLOTS_KEY,
     STALE,
     TIMEOUT,
@@ -76,8 +77,6 @@ from hvd_elastic.options import (
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time on this path
 if TYPE_CHECKING:
     from hvd_elastic.health.query import HealthQuery
-
-_NAMINGS = [n.value for n in hostlib.HostNaming]
 
 def _default(variable: Variable) -> dict:
     """A flag's ``default=`` and ``type=`` from its variable's row of :mod:`.variables`."""
@@ -102,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
     parser.add_argument("--max-slots-per-host", **_default(MAX_SLOTS),
                         help="largest valid slot count; an instance advertising more is dropped with a warning (env "
                              "HVD_ELASTIC_MAX_SLOTS_PER_HOST; default %(default)s)")
-    parser.add_argument("--host-name", **_default(HOST_NAME), metavar="{" + ",".join(_NAMINGS) + "}",
+    parser.add_argument("--host-name", **_default(HOST_NAME), metavar="{" + ",".join(NAMINGS) + "}",
                         help="what names a host: the Consul node name, the service address (else the node address) or "
                              "the node address (env HVD_ELASTIC_HOST_NAME; default %(default)s)")
     parser.add_argument("--exclude", action="append", default=None, metavar="HOST",

@@ -37,8 +37,8 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs time o
 if TYPE_CHECKING:
     from hvd_elastic.health.query import HealthQuery
 
-_NAMINGS = [n.value for n in hostlib.HostNaming]
-HOST_NAMING = Check(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(_NAMINGS)}")
+NAMINGS = [n.value for n in hostlib.HostNaming]
+HOST_NAMING = Check(lambda text: hostlib.HostNaming(text).value, lambda _: True, f"one of {', '.join(NAMINGS)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,8 +97,8 @@ class Job:
 
     def start(self, **extra_env: str) -> "Job":
         """Start an attempt (``extra_env`` on top of the job's environment); returns the job."""
-        if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
+        if self.running():
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self.logdir.mkdir(parents=True, exist_ok=True)
         log = self.logdir / f"{self.name}.{len(self.logs)}.log"
         self.logs.append(log)

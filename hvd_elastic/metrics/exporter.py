@@ -27,7 +27,7 @@ class Exporter:
 
     :meth:`start` never raises for the address: a bad one, or one that cannot be
     bound, is logged once as one line naming it (what the exporter is for, the
-    address, the reason) and :meth:`start` returns False.  A process forked
+    address, the reason) and :meth:`start` returns None.  A process forked
     from this one (a DataLoader worker) does not keep the listening socket: a
     port must close when the process that serves it dies.
     """
@@ -41,15 +41,13 @@ class Exporter:
     @property
     def address(self) -> tuple[str, int] | None:
         """The bound ``(host, port)`` (the real port when 0 was asked), or None when not serving."""
-        if self._server is None:
-            return None
-        host, port = self._server.server_address[:2]
-        return str(host), port  # an AF_INET/AF_INET6 address: the host is text
+        return None if self._server is None else _bound(self._server)
 
-    def start(self, spec: str, source: str) -> bool:
-        """Serve at ``spec`` (``[HOST]:PORT``, from ``source``: a flag or variable name); True when serving."""
+    def start(self, spec: str, source: str) -> tuple[str, int] | None:
+        """Serve at ``spec`` (``[HOST]:PORT``, from ``source``: a flag or variable name); the bound address
+        when serving, None when not."""
         if self._server is not None:
-            return True
+            return _bound(self._server)
         try:
             host, port = parse(spec, source)
             server, _thread = start_http_server(port, addr=host, registry=self.registry)
@@ -59,12 +57,12 @@ class Exporter:
             if reason not in self._failed:
                 self._failed.add(reason)
                 log.error("%s metrics are off: %s", self.what, reason)
-            return False
+            return None
         self._server = server
         _release_in_children(self)
-        host, port = self.address or ("?", 0)
+        host, port = _bound(server)
         log.info("%s metrics at http://%s:%d/metrics", self.what, f"[{host}]" if ":" in host else host, port)
-        return True
+        return host, port
 
     def stop(self) -> None:
         """Stop serving and close the port.  Idempotent."""
@@ -73,6 +71,11 @@ class Exporter:
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def _bound(server: WSGIServer) -> tuple[str, int]:
+    host, port = server.server_address[:2]
+    return str(host), port  # an AF_INET/AF_INET6 address: the host is text
 
 
 def _release_in_children(exporter: Exporter) -> None:

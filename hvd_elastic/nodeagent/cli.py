@@ -229,8 +229,9 @@ def run(args: argparse.Namespace) -> int:
 
         metrics = NodeAgentMetrics()
         exporter = Exporter(metrics.registry, "node agent")
-        if exporter.start(args.metrics_addr, "--metrics-addr") and exporter.address:  # else one line; runs on
-            port = exporter.address[1]
+        address = exporter.start(args.metrics_addr, "--metrics-addr")  # None: one line, and the agent runs on
+        if address is not None:
+            port = address[1]
     from hvd_elastic.nodeagent.loop import Refused
 
     try:

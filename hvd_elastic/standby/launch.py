@@ -168,7 +168,7 @@ class _Signals:
 
     def send(self, signum: int) -> None:
         if self.pid is None:
-            return  # only relay_to calls it before: it set the pid
+            return  # never here: _caught holds a signal until relay_to has set the pid
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
