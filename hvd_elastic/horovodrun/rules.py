@@ -104,7 +104,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_elastic.envvars import ConfigError, parse_bool
-from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY
+from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY, startup
 from hvd_elastic.horovodrun.hook import ENV
 
 log = logging.getLogger("hvd_elastic.horovodrun")
@@ -196,6 +196,7 @@ def install(gloo_run: Any) -> None:
     _patch_registry(registration.WorkerStateRegistry, registration.SUCCESS, registration.FAILURE,
                     registration.READY)
     _patch_launcher(gloo_run)
+    startup.install()
     gloo_run._hvd_elastic_rules = True
 
 
@@ -232,6 +233,7 @@ def _patch_driver_init(cls: Any, host_state: type) -> None:
             self._hvd_elastic = job
             if job is not None:
                 _drivers.add(self)
+                startup.use_forkserver()
                 if bound.arguments["cooldown_range"] is None:
                     bound.arguments["cooldown_range"] = COOLDOWN
                     job.decay = True
@@ -372,8 +374,9 @@ def _exit(code: int) -> None:
 def _end_children(grace: float) -> None:
     """Wait up to ``grace`` s for horovodrun's sessions (workers, discovery calls) to end, then SIGKILL them.
 
-    A session is a child that leads its own session: ``safe_shell_exec``'s middleman calls ``setsid()``.
-    Other children (multiprocessing's resource tracker) end with this process.
+    A session is a descendant that leads its own session: ``safe_shell_exec``'s middleman calls ``setsid()``
+    (a grandchild when a forkserver made it, :mod:`.startup`).  Other children (multiprocessing's resource
+    tracker and forkserver) end with this process.
     """
     deadline = time.monotonic() + grace
     while (sessions := _sessions()) and time.monotonic() < deadline:
@@ -389,7 +392,7 @@ def _sessions() -> list[int]:
     import psutil  # Horovod's own dependency; only loaded on the way out
 
     found = []
-    for child in psutil.Process().children():
+    for child in psutil.Process().children(recursive=True):
         try:
             if os.getsid(child.pid) == child.pid and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child.pid)
