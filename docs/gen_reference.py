@@ -68,11 +68,6 @@ VARIABLES: dict[str, str] = {
         "`--token`, accepting that horovodrun copies it onto every remote worker's ssh command line. Default "
         "false: discovery refuses, exit 2 with one line naming the risk and the fix. Outside horovodrun the "
         "variable and the flag work as in Consul's own tools."),
-    "HVD_ELASTIC_CHECKPOINT_LOCAL": (
-        "A boolean, read on rank 0 by `@hvd_elastic.run`. True says `checkpoint_dir` is local on purpose (one "
-        "host; checkpoints copied away by other means) and skips the check that every rank sees it, as "
-        "`run(..., checkpoint_dir_shared=False)` does. Default false: a directory some rank does not see stops "
-        "the job with `SharedDirError`."),
     "HVD_ELASTIC_CHECKPOINT_WRITE_DELAY": (
         "Fault injection for tests: seconds the checkpoint writer sleeps after the payload's bytes are in the "
         "temporary file and before it is made durable, so a test can kill a job in the middle of a write. "
@@ -85,37 +80,12 @@ VARIABLES: dict[str, str] = {
         "Read at the start of every interpreter of the environment (the `hvd_elastic_horovodrun.pth` line): "
         "`0` (or false/off) keeps hvd-elastic's hook out of horovodrun's own process altogether; otherwise the "
         "hook loads its rules when horovodrun imports its elastic launcher (`hvd_elastic/horovodrun/`)."),
-    "HVD_ELASTIC_FORK_SAFETY": (
-        "A boolean, default on. Once `TrainingState` or `@hvd_elastic.run` is in use, every child forked with "
-        "`os.fork()` or multiprocessing's `fork` start method releases the Gloo connections it inherited, and "
-        "daemonic multiprocessing children of the main thread (DataLoader workers) die with their rank. `0` "
-        "turns this off."),
-    "HVD_ELASTIC_GLOO_HANGUP": (
-        "A boolean, default on. After a failure a survivor whose Horovod failed hangs up its Gloo connections "
-        "once they have been quiet for 0.2 s, so no other survivor waits out the Gloo timeout on it. `0` turns "
-        "the hang-up off. A bad value is an error when `run()` starts."),
-    "HVD_ELASTIC_HEALTH_CUT": (
-        "A boolean, default on, read by the training workers. The first rank of every host follows the hosts' "
-        "health in Consul and hangs up its Gloo connections to a host that is lost (critical, not in "
-        "maintenance, for `HVD_ELASTIC_HEALTH_GRACE`) and silent (no data for 2 s). `0` turns the cut off "
-        "(and silences the one log line of a job without Consul)."),
-    "HVD_ELASTIC_HEALTH_GRACE": (
-        "Seconds, default 1: a host is lost only once every Consul answer for this long has it failed. Read by "
-        "the workers' health cut and by the launcher's discovery watcher."),
     "HVD_ELASTIC_HEALTH_REAP": (
         "A boolean, default on, read by the job's discovery watcher on the launch host: it ends horovodrun's "
         "ssh sessions to a lost host whose sshd no longer greets. `0` turns it off."),
-    "HVD_ELASTIC_JOIN_AHEAD": (
-        "A boolean, default on. When hosts are only added, the survivors ask horovodrun's driver for their "
-        "places in the next world at once and keep training until the newcomers wait at its rendezvous. `0` "
-        "turns it off (the stock path: everyone stops at the commit)."),
     "HVD_ELASTIC_LAUNCH_ATTEMPT": (
         "Not read: written by `hvd-elastic launch` into the environment of the command it runs, `0` the first "
         "time and one more at each relaunch."),
-    "HVD_ELASTIC_METRICS_ADDR": (
-        "`[HOST]:PORT` where rank 0 of `@hvd_elastic.run` serves the job's Prometheus metrics when "
-        "`RunConfig(metrics_addr=...)` is not given; a bare port binds loopback. Default unset: no metrics "
-        "served."),
     "HVD_ELASTIC_STANDBY_DIR": (
         "The warm standby's socket directory, for `hvd-elastic standby` and `hvd-elastic exec`. Default "
         "`$XDG_RUNTIME_DIR/hvd-elastic`, else `/tmp/hvd-elastic-<uid>`."),
@@ -127,6 +97,24 @@ VARIABLES: dict[str, str] = {
         "`HVD_ELASTIC_HOST_NAME`: give discovery its options through these variables, not flags, so workers "
         "name hosts as horovodrun does."),
 }
+
+
+
+def worker_variables() -> dict[str, str]:
+    """The training process's variables, described from their table (:mod:`hvd_elastic.training.settings`)."""
+    from hvd_elastic.training import settings
+
+    return {v.name: f"{v.check.expected[0].upper()}{v.check.expected[1:]}, default "
+                    f"{f'`{v.default}`' if v.default else 'unset'}, read once where a job starts (`TrainingState()`, "
+                    f"or `@hvd_elastic.run` for Horovod's own states): {v.meaning}" for v in settings.VARIABLES}
+
+
+def worker_table() -> list[str]:
+    from hvd_elastic.training import settings
+
+    return [f"| `{v.name}` | `{v.field}` | {v.check.expected} | {f'`{v.default}`' if v.default else 'unset'} |"
+            for v in settings.VARIABLES]
+
 
 #: Variables a flag reads, found by setting each one and rebuilding every parser: (command, flag) pairs.
 def flags_reading(names: list[str]) -> dict[str, list[tuple[str, argparse.Action]]]:
@@ -182,14 +170,15 @@ def expanded_help(parser: argparse.ArgumentParser, action: argparse.Action) -> s
 
 def environment_page() -> str:
     scanned = variables_in_source()
-    stale = sorted(set(VARIABLES) - set(scanned))
+    described = {**VARIABLES, **worker_variables()}
+    stale = sorted(set(described) - set(scanned))
     if stale:
         raise ReferenceError(f"docs/gen_reference.py VARIABLES describes {', '.join(stale)}, which hvd_elastic/ no "
                              f"longer names: remove the rows")
     from hvd_elastic import envvars
 
     linked = flags_reading(list(scanned))
-    missing = sorted(set(scanned) - set(VARIABLES) - set(linked))
+    missing = sorted(set(scanned) - set(described) - set(linked))
     if missing:
         raise ReferenceError(f"hvd_elastic/ reads {', '.join(missing)}, which no flag's help names (env NAME) and "
                              f"docs/gen_reference.py VARIABLES does not describe: add a row for each")
@@ -202,6 +191,15 @@ def environment_page() -> str:
         f"reads its own (Go's `strconv.ParseBool`): {words(envvars.TRUE)} are true, {words(envvars.FALSE)} "
         "false; an empty variable is unset. The `CONSUL_*` variables are Consul's own: see "
         "[TLS and ACLs](../howto/tls-acls.md).",
+        "",
+        "## A training process's settings",
+        "",
+        "Read once where a job starts into one typed object (`hvd_elastic.training.settings.WorkerSettings`), "
+        "which the library passes down; each is described with the others below.",
+        "",
+        "| variable | setting | type | default |",
+        "|---|---|---|---|",
+        *worker_table(),
         "",
         "## Variables of the package",
         "",
@@ -219,8 +217,8 @@ def environment_page() -> str:
             if text not in seen_help:
                 seen_help.add(text)
                 meaning.append(cell(text))
-        if name in VARIABLES:
-            meaning.append(cell(VARIABLES[name]))
+        if name in described:
+            meaning.append(cell(described[name]))
         kind = "the default of" if via else "read by"
         via = via or [f"`{m}`" for m in modules]
         lines += [f"### `{name}`", "", f"*{kind}* {', '.join(dict.fromkeys(via))}", ""]

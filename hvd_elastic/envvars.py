@@ -109,7 +109,7 @@ POSITIVE_NUMBER = Check(float, lambda v: 0 < v < float("inf"), "a positive numbe
 #: Every duration setting: Consul's spelling (15s, 1m30s, 500ms) or bare seconds, through the one parser.
 POSITIVE_SECONDS = Check(parse_seconds, lambda v: 0 < v < float("inf"), f"a positive duration ({DURATION})")
 NON_NEGATIVE_SECONDS = Check(parse_seconds, lambda v: 0 <= v < float("inf"), f"a duration >= 0 ({DURATION})")
-BOOLEAN = Check(lambda text: parse_bool("", text), lambda _: True, "a boolean (true or false)")
+BOOLEAN = Check(lambda text: parse_bool("", text), lambda _: True, "a boolean (one of 1, t, true, 0, f, false)")
 
 
 def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:

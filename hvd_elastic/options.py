@@ -56,9 +56,10 @@ class EnvValue(str):
 
 
 def env(name: str, default: str | None = None) -> str | None:
-    """``os.environ[name]`` when set and non-empty (an :class:`EnvValue` naming it), else ``default``."""
-    value = os.environ.get(name)
-    return EnvValue(value, name) if value else default
+    """``os.environ[name]`` when set and not blank (an :class:`EnvValue` naming it), else ``default``: blank
+    is unset, as for :meth:`~hvd_elastic.envvars.Check.read`."""
+    value = os.environ.get(name, "")
+    return EnvValue(value, name) if value.strip() else default
 
 
 def argparse_type(check: Check):

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from hvd_elastic.envvars import ConfigError, env_bool, env_seconds, parse_seconds
+from hvd_elastic import options
+from hvd_elastic.envvars import POSITIVE_INT, ConfigError, env_bool, env_seconds, parse_seconds
 
 
 def test_booleans_read_like_go_with_a_default_when_unset_or_empty():
@@ -50,3 +51,13 @@ def test_training_reads_its_switches_without_the_consul_layer():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "\t"])
+def test_a_blank_variable_is_unset_for_commands_and_settings_alike(monkeypatch, raw):
+    monkeypatch.setenv("HVD_ELASTIC_X", raw)
+    assert options.env("HVD_ELASTIC_X", "7") == "7"
+    assert POSITIVE_INT.read("HVD_ELASTIC_X", "7") == 7
+    monkeypatch.setenv("HVD_ELASTIC_X", " 3 ")
+    assert options.env("HVD_ELASTIC_X", "7").variable == "HVD_ELASTIC_X"
+    assert POSITIVE_INT.read("HVD_ELASTIC_X", "7") == 3

@@ -64,9 +64,9 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from prometheus_client import CollectorRegistry
 
 from hvd_elastic.envvars import horovod_hostname
-from hvd_elastic.metrics import address as metrics_address
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
+from hvd_elastic.training import settings as worker_settings
 from hvd_elastic.training._internal import forksafe, objects, rendezvous, shared_dir
 from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
@@ -183,7 +183,9 @@ class _Session:
     def __init__(self, config: RunConfig, state) -> None:
         if not hvd.is_initialized():
             hvd.init()
-        forksafe.install()  # also for Horovod's own states: forked children drop the Gloo sockets
+        # A TrainingState read them at its construction; Horovod's own states did not.
+        self.settings = getattr(state, "worker_settings", None) or worker_settings.from_environment()
+        forksafe.install(self.settings.fork_safety)  # also for Horovod's own states: forked children drop Gloo's
         if config.checkpoint_dir is not None:
             missing = [m for m in _CHECKPOINT_STATE_API if not callable(getattr(state, m, None))]
             if missing:
@@ -197,8 +199,8 @@ class _Session:
         self._host = horovod_hostname() or socket.gethostname()
         self.events = EventLog(config.event_log, context=self._context) if config.event_log else None
         self.checkpoints = config.checkpoint_manager(state, on_event=self._emit_from_writer)
-        # Read once: a bad HVD_ELASTIC_CHECKPOINT_LOCAL is an error now, on every rank.
-        self._check_shared = shared_dir.enabled(config.checkpoint_dir_shared) if self.checkpoints else False
+        self._check_shared = bool(self.checkpoints) and config.checkpoint_dir_shared and \
+            not self.settings.checkpoint_local
         # Until this process has completed a sync, the rank 0 of each sync it enters loads the newest
         # checkpoint first: a rank 0 lost during the job's first sync must not leave the next world at step 0.
         self._resumed = False
@@ -209,9 +211,9 @@ class _Session:
         self._pending_reset: dict | None = None
         self._entries = 0
         self.metrics = JobMetrics()
-        self._metrics_source = "metrics_addr" if config.metrics_addr is not None else metrics_address.ENV
+        self._metrics_source = "metrics_addr" if config.metrics_addr is not None else worker_settings.METRICS_ADDR_ENV
         self._metrics_addr = (config.metrics_addr if config.metrics_addr is not None
-                              else os.environ.get(metrics_address.ENV, "")).strip()
+                              else self.settings.metrics_addr).strip()
         self._exporter: Exporter | None = None
         self._metrics_retry_at: float | None = None
         self._committed_step = getattr(state, "step", None)
@@ -235,7 +237,7 @@ class _Session:
                 return self._call(fn, state, *args, **kwargs)
 
             if elastic:
-                result = run_elastic(inner, self.state, before_sync=self._before_sync)
+                result = run_elastic(inner, self.state, before_sync=self._before_sync, settings=self.settings)
             else:
                 self._before_sync()
                 self.state.sync()

@@ -76,6 +76,7 @@ import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
 
+from hvd_elastic.training import settings as worker_settings
 from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
@@ -140,11 +141,13 @@ class TrainingState(State):
         **values: Any,
     ):
         self._check_values(values)
-        forksafe.install()  # DataLoader workers forked from now on drop this process's Gloo sockets
+        settings = worker_settings.from_environment()  # the job's switches, read once: a bad one fails here
+        self._worker_settings = settings
+        forksafe.install(settings.fork_safety)  # DataLoader workers forked from now on drop their Gloo sockets
         objects = {name: v for name, v in values.items() if is_stateful(v)}
         object.__setattr__(self, "_values", {name: v for name, v in values.items() if name not in objects})
         super().__init__(bcast_object=broadcast_host_updates, get_rank=hvd.rank)
-        self._host_check = join_ahead.HostCheck(broadcast_host_updates)
+        self._host_check = join_ahead.HostCheck(broadcast_host_updates, settings.join_ahead)
         self.model = model
         self.optimizer = optimizer
         self.schedulers = list(schedulers)
@@ -177,6 +180,11 @@ class TrainingState(State):
         self._apply_world()
         self._save()
         self._constructed = True  # from now on a new public attribute is refused (see __setattr__)
+
+    @property
+    def worker_settings(self) -> worker_settings.WorkerSettings:
+        """The job's switches (:mod:`hvd_elastic.training.settings`), read from the environment at construction."""
+        return self._worker_settings
 
     @classmethod
     def _check_values(cls, values: dict[str, Any]) -> None:

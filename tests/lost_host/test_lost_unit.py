@@ -319,7 +319,8 @@ def test_the_reaper_leaves_a_lost_host_that_still_answers_and_asks_it_again_late
 
 
 def test_both_sides_of_the_cut_are_on_by_default():
-    from hvd_elastic.training._internal import health_cut
+    from hvd_elastic.training import settings
 
-    assert reaper.enabled({}) is True and health_cut.enabled({}) is True
-    assert reaper.enabled({reaper.ENV: "0"}) is False and health_cut.enabled({health_cut.ENV: "0"}) is False
+    assert reaper.enabled({}) is True and settings.from_environment({}).health_cut is True
+    assert reaper.enabled({reaper.ENV: "0"}) is False
+    assert settings.from_environment({settings.HEALTH_CUT_ENV: "0"}).health_cut is False

@@ -1,8 +1,9 @@
 """The short chaos soak (:mod:`testbed.chaos`): 20 overlapping random faults on one job, nothing lost.
 
-Two soaks: a fixed seed (the same schedule in every CI run) and a fresh random
-seed, printed and carried in every failure message, so a failure replays with
-``benchmarks/chaos_soak.py --seed SEED``.  Each must end with the fault
+One soak with a fixed seed (the same schedule in every CI run, printed and
+carried in every failure message, so a failure replays with
+``benchmarks/chaos_soak.py --seed SEED``); the variety of schedules is the
+long soak's job, which draws 200 and more.  It must end with the fault
 matrix's verdict on the whole run (no hang, every sample once, identical
 state, no durable checkpoint lost) and nothing of the bed left behind.  The
 faults after which the job took longer than the bound are printed, not
@@ -41,8 +42,8 @@ def left_behind(workdir) -> list[str]:
     return spaces + procs
 
 
-@pytest.mark.parametrize("seed", [FIXED_SEED, int.from_bytes(os.urandom(3), "big")], ids=["fixed-seed", "random-seed"])
-def test_twenty_overlapping_faults_lose_nothing(tmp_path, seed, reliability):
+def test_twenty_overlapping_faults_lose_nothing(tmp_path, reliability):
+    seed = FIXED_SEED
     print(f"chaos soak seed {seed} (replay: benchmarks/chaos_soak.py --seed {seed} --faults 20 --mtbf 10)")
     config = SoakConfig(seed=seed, faults=20, mtbf=10.0, hold=(2.0, 10.0))
     with ElasticCluster(tmp_path, hosts=config.hosts, ttl=config.ttl, gloo_timeout=config.gloo_timeout) as cluster:

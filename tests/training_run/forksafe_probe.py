@@ -45,6 +45,7 @@ import threading
 import time
 
 from gloo_shapes import GlooLikeLoop
+from hvd_elastic.training import settings
 from hvd_elastic.training._internal import forksafe, gloo_hangup
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
@@ -52,6 +53,11 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 _PR_GET_PDEATHSIG = 2
 TIMEOUT = 5.0
 
+
+
+def install() -> bool:
+    """As a job starts: the worker's settings read from the environment, then the hooks."""
+    return forksafe.install(settings.from_environment().fork_safety)
 
 def write(path, obj):
     with open(f"{path}.tmp", "w") as f:
@@ -138,7 +144,7 @@ def wait_for(path):
 def forks(out, die):
     kinds = ("os_fork", "daemonic", "non_daemonic", "daemonic_from_thread")
     fds = open_descriptors(kinds)
-    installed = forksafe.install()
+    installed = install()
     ctx = multiprocessing.get_context("fork")
     children = {}
     for kind in kinds:
@@ -196,7 +202,7 @@ def race(out):
 
     # Before-fork hooks run in reverse order of registration: this one runs after forksafe's.
     os.register_at_fork(before=interleave)
-    forksafe.install()
+    install()
 
     def report(name):
         write(os.path.join(out, f"{name}.json"), {"death_signal": death_signal()})
@@ -221,7 +227,7 @@ def race(out):
 
 def forking_server(out):
     fds = open_descriptors()
-    forksafe.install()
+    install()
 
     class Echo(socketserver.BaseRequestHandler):
         def handle(self):
@@ -243,7 +249,7 @@ def forking_server(out):
 def unsupported(out):
     fds = open_descriptors()
     forksafe.FD_DIR = os.path.join(out, "no-proc-here")
-    results = [forksafe.install(), forksafe.install()]
+    results = [install(), install()]
     pid = os.fork()
     if pid == 0:
         try:
@@ -256,7 +262,7 @@ def unsupported(out):
 
 def preexec(out):
     fds = open_descriptors()
-    installed = forksafe.install()
+    installed = install()
     fd = fds["gloo"].fds[0]
     seen = subprocess.run([sys.executable, "-c", f"import os; print(os.readlink('/proc/self/fd/{fd}'))"],
                           pass_fds=[fd], preexec_fn=lambda: None, capture_output=True, text=True, check=True,

@@ -175,8 +175,9 @@ def main() -> None:
 
     @hvd_elastic.run(event_log=out("events.jsonl"))
     def train(state):
+        installed = forksafe.install(state.worker_settings.fork_safety)  # the first install's answer
         write_atomic(out("procs", f"{os.getpid()}.json"), {"rank": hvd.rank(), "size": hvd.size(),
-                                                           "fork_safety": forksafe.install(), "helpers": helpers})
+                                                           "fork_safety": installed, "helpers": helpers})
         for state.epoch in range(state.epoch, len(LOADERS) * EPOCHS):
             name = LOADERS[state.epoch // EPOCHS]
             if name not in loaders:

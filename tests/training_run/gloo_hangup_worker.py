@@ -21,6 +21,7 @@ import time
 import torch
 
 import horovod.torch as hvd
+from hvd_elastic.training import settings
 from hvd_elastic.training._internal import gloo_hangup
 
 out = sys.argv[1]
@@ -54,7 +55,8 @@ if hvd.rank() == 0:
     while not os.path.exists(os.path.join(out, "rank1.entering")) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)
-    report["hung_up"] = len(gloo_hangup.hang_up())
+    # As the library's callers do: only when the worker's gloo_hangup setting is on.
+    report["hung_up"] = len(gloo_hangup.hang_up()) if settings.from_environment().gloo_hangup else 0
     try:  # whatever fails here is reported: an exception would leave Horovod's exit waiting on its peer
         for sock in (accepted, client_peer):
             sock.settimeout(10)

@@ -16,6 +16,7 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from gloo_shapes import GlooLikeLoop
 from hvd_elastic.training._internal import elastic_loop, gloo_hangup, health_cut
 from hvd_elastic.training._internal.join_ahead import JoinInterrupt
+from hvd_elastic.training.settings import WorkerSettings
 
 
 class RecordingState:
@@ -53,10 +54,14 @@ def world(monkeypatch):
 
     monkeypatch.setattr(elastic_loop, "_new_world", new_world)
     monkeypatch.setattr(elastic_loop, "_reset", reset)
-    monkeypatch.setenv(health_cut.ENV, "0")  # no Consul reader here; test_the_health_cut_... turns it on
     monkeypatch.setattr(elastic_loop.hvd, "size", lambda: sizes[0])
     monkeypatch.setattr(elastic_loop.hvd, "gloo_enabled", lambda: True)
     return {"calls": calls, "sizes": sizes}
+
+
+def loop(fn, state, settings: WorkerSettings = WorkerSettings(health_cut=False), **kwargs):
+    """The loop under test; the health cut off unless a test stubs it (no Consul reader here)."""
+    return elastic_loop.run_elastic(fn, state, settings=settings, **kwargs)
 
 
 def failing(calls: list[str], outcomes: list[BaseException | None]):
@@ -80,7 +85,7 @@ def test_a_failure_hangs_up_before_restoring_and_a_host_update_never_hangs_up(wo
     fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True),
                          HostsUpdatedInterrupt(skip_sync=False)])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert loop(fn, RecordingState(calls)) == "done"
     assert calls == [
         "new_world(True)", "check_found", "sync", "fn",
         "hang_up", "restore", "reset", "on_reset",  # the failure: peers hear of it before anything else
@@ -96,7 +101,7 @@ def test_a_join_ahead_answer_reaches_only_the_reset_its_interrupt_causes(world):
     calls = world["calls"]
     fn = failing(calls, [JoinInterrupt("1,3,1,2,0,1"), HorovodInternalError("peer lost"), JoinInterrupt(None)])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert loop(fn, RecordingState(calls)) == "done"
     assert [c for c in calls if c.startswith("reset")] == ["reset(1,3,1,2,0,1)", "reset", "reset"]
     assert calls.count("sync") == 4  # a join always syncs: the newcomer needs the state
 
@@ -108,23 +113,22 @@ def test_a_missing_gloo_loop_is_one_warning_per_run_in_the_first_world_of_two(wo
     fn = failing(calls, [HorovodInternalError("first"), HorovodInternalError("second"),
                          HorovodInternalError("third")])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert loop(fn, RecordingState(calls)) == "done"
     assert calls.count("fn") == 4
     warnings = [r for r in caplog.records if r.name == gloo_hangup.__name__ and r.levelno == logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
 
     caplog.clear()
     with GlooLikeLoop():
-        assert elastic_loop.run_elastic(failing(calls, [HorovodInternalError("again")]), RecordingState(calls)) \
+        assert loop(failing(calls, [HorovodInternalError("again")]), RecordingState(calls)) \
             == "done"
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
 def test_with_the_hang_up_off_the_loop_is_not_checked(world, monkeypatch, caplog):
-    monkeypatch.setenv(gloo_hangup.ENV, "0")
     caplog.set_level(logging.WARNING, logger=gloo_hangup.__name__)
     calls = world["calls"]
-    assert elastic_loop.run_elastic(failing(calls, []), RecordingState(calls)) == "done"
+    assert loop(failing(calls, []), RecordingState(calls), settings=WorkerSettings(gloo_hangup=False)) == "done"
     assert caplog.records == []
 
 
@@ -134,7 +138,7 @@ def test_before_sync_runs_right_before_every_sync_and_only_then(world, monkeypat
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
     fn = failing(calls, [HorovodInternalError("peer lost"), HostsUpdatedInterrupt(skip_sync=True)])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls), before_sync=lambda: calls.append("before_sync")) \
+    assert loop(fn, RecordingState(calls), before_sync=lambda: calls.append("before_sync")) \
         == "done"
     assert calls == [
         "new_world(True)", "before_sync", "sync", "fn",
@@ -161,8 +165,7 @@ class RecordingCut:
 def cut_on(world, monkeypatch):
     """The world, with a recording health cut and the Gloo checks stubbed; its call list."""
     calls = world["calls"]
-    monkeypatch.setenv(health_cut.ENV, "1")
-    monkeypatch.setattr(health_cut, "start", lambda: RecordingCut(calls))
+    monkeypatch.setattr(health_cut, "start", lambda settings: RecordingCut(calls))
     monkeypatch.setattr(gloo_hangup, "hang_up_if_stalled", lambda: [])
     monkeypatch.setattr(gloo_hangup, "check_found", lambda: True)
     return calls
@@ -172,7 +175,7 @@ def test_the_health_cut_learns_each_worlds_hosts_and_forgets_them_across_a_reset
     calls = cut_on
     fn = failing(calls, [HorovodInternalError("peer lost")])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert loop(fn, RecordingState(calls)) == "done"
     assert calls == [
         "new_world(True)", "set_world(here,there)", "sync", "fn",
         "restore", "between_worlds", "reset", "on_reset",
@@ -192,5 +195,5 @@ def test_the_health_cut_learns_the_new_worlds_hosts_from_the_driver_before_its_f
     monkeypatch.setattr(elastic_loop, "_reset", reset)
     fn = failing(calls, [HorovodInternalError("peer lost")])
 
-    assert elastic_loop.run_elastic(fn, RecordingState(calls)) == "done"
+    assert loop(fn, RecordingState(calls)) == "done"
     assert calls[4:9] == ["restore", "between_worlds", "reset", "set_world(here,elsewhere)", "on_reset"]

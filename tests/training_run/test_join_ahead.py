@@ -18,7 +18,6 @@ from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from horovod.runner.http.http_server import RendezvousServer
 
-from hvd_elastic.envvars import ConfigError
 from hvd_elastic.training._internal import join_ahead, rendezvous
 from hvd_elastic.training._internal.compat import HostUpdateResult
 from hvd_elastic.training._internal.join_ahead import HostCheck, JoinInterrupt
@@ -117,8 +116,8 @@ def rank0(driver, monkeypatch):
 class Host:
     """A state's side of the host check: its notification queue and last timestamp."""
 
-    def __init__(self):
-        self.check = HostCheck(lambda obj: obj)
+    def __init__(self, enabled: bool = True):
+        self.check = HostCheck(lambda obj: obj, enabled)
         self.messages: queue.Queue = queue.Queue()
         self.last = 0.0
 
@@ -203,13 +202,11 @@ def test_anything_but_an_addition_is_horovods_rule(rank0, update, skip_sync):
 
 
 def test_switched_off_or_with_rare_commits_an_addition_stops_the_world_at_once(rank0, monkeypatch):
-    monkeypatch.setenv(join_ahead.ENV, "false")
-    host = Host()
+    host = Host(enabled=False)
     host.steady()
     host.notify(5.0, HostUpdateResult.added)
     assert type(host.commit()) is HostsUpdatedInterrupt
 
-    monkeypatch.delenv(join_ahead.ENV)
     monkeypatch.setenv(rendezvous.GLOO_TIMEOUT_ENV, "0.4")
     host = Host()
     host.commit()
@@ -227,12 +224,6 @@ def test_a_state_under_horovods_own_loop_joins_the_stock_way(driver, monkeypatch
     host.notify(5.0, HostUpdateResult.added)
     assert type(host.commit()) is HostsUpdatedInterrupt
     assert driver.ready == []
-
-
-def test_a_bad_switch_is_an_error_naming_it(monkeypatch):
-    monkeypatch.setenv(join_ahead.ENV, "sometimes")
-    with pytest.raises(ConfigError, match="HVD_ELASTIC_JOIN_AHEAD='sometimes'"):
-        join_ahead.enabled()
 
 
 def test_a_reset_for_another_reason_drops_the_question(rank0):

@@ -52,6 +52,7 @@ import horovod.torch as hvd
 from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.training._internal import gloo_hangup, health_cut, join_ahead, objects, rendezvous
 from hvd_elastic.training._internal.compat import notification_manager
+from hvd_elastic.training.settings import WorkerSettings
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 log = logging.getLogger(__name__)
@@ -91,11 +92,11 @@ def _reset(answer: str | None, gloo_timeout: float) -> tuple[str, ...]:
 class _Additions:
     """hvd-elastic's additions to Horovod's loop, one method per moment of it (module docstring)."""
 
-    def __init__(self, before_sync: Callable[[], None] | None):
-        # Also makes a bad HVD_ELASTIC_GLOO_HANGUP an error now, not at the first failure.
-        self._loop_check_due = gloo_hangup.enabled()
+    def __init__(self, before_sync: Callable[[], None] | None, settings: WorkerSettings):
+        self._hang_up = settings.gloo_hangup
+        self._loop_check_due = settings.gloo_hangup
         self._before_sync = before_sync
-        self._cut = health_cut.start()
+        self._cut = health_cut.start(settings)
 
     def world_formed(self, hosts: list[str]) -> None:
         """After the world's first collective: the hosts the cut watches; in the first world of two or
@@ -115,7 +116,8 @@ class _Additions:
 
     def failed(self) -> None:
         """Horovod failed on this rank: hang up first, so a peer blocked on this rank learns of it now."""
-        gloo_hangup.hang_up_if_stalled()
+        if self._hang_up:
+            gloo_hangup.hang_up_if_stalled()
 
     def between_worlds(self) -> None:
         if self._cut is not None:
@@ -132,7 +134,8 @@ class _Additions:
             self._cut.stop()
 
 
-def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None, **kwargs):
+def run_elastic(fn, state, *args, settings: WorkerSettings, before_sync: Callable[[], None] | None = None,
+                **kwargs):
     """Call ``fn(state, *args, **kwargs)`` until it returns, recovering from resets like ``hvd.elastic.run``.
 
     On ``HorovodInternalError`` this rank's Gloo connections are hung up, then
@@ -143,10 +146,10 @@ def run_elastic(fn, state, *args, before_sync: Callable[[], None] | None = None,
     rank 0 unless every rank of the new world agrees it may be skipped.
     ``before_sync()`` runs on every rank right before each sync, in the same
     world (so it may use collectives); an error it raises that is not
-    Horovod's ends the loop.
+    Horovod's ends the loop.  ``settings``: the worker's switches (the hang-up, the health cut).
     """
     gloo_timeout = rendezvous.gloo_timeout()  # a bad HOROVOD_GLOO_TIMEOUT_SECONDS is an error now too
-    additions = _Additions(before_sync)
+    additions = _Additions(before_sync, settings)
     notification_manager.init()
     notification_manager.register_listener(state)
     skip_sync, answer = False, None  # this process has never synced: it needs rank 0's state

@@ -73,8 +73,8 @@ only the descriptors multiprocessing passes them; no at-fork hook runs), and
 ``preexec_fn`` makes Python run it).  Forks made before :func:`install` and
 forks from C code (which run no Python at-fork hooks) are not covered.
 
-Off switch: ``HVD_ELASTIC_FORK_SAFETY=0`` (any false value of
-:func:`hvd_elastic.envvars.parse_bool`), read by the first :func:`install`.
+Off switch: ``HVD_ELASTIC_FORK_SAFETY=0`` (the worker's ``fork_safety`` setting,
+:mod:`hvd_elastic.training.settings`), as the first :func:`install` is given it.
 Without Linux's ``/proc`` :func:`install` logs one warning and does nothing.
 """
 
@@ -88,14 +88,14 @@ import sys
 import threading
 from typing import Any
 
-from hvd_elastic.envvars import parse_bool
 from hvd_elastic.fds import FD_DIR, release
 from hvd_elastic.training._internal import gloo_hangup
+from hvd_elastic.training.settings import FORK_SAFETY_ENV
 
 log = logging.getLogger(__name__)
 
 #: Set to a false boolean ("0", "false") to turn the hooks off.
-ENV = "HVD_ELASTIC_FORK_SAFETY"
+ENV = FORK_SAFETY_ENV
 
 _PR_SET_PDEATHSIG = 1
 
@@ -108,18 +108,17 @@ _prctl: Any = None  # libc's prctl, resolved in the parent: a child must not dlo
 _fork = threading.local()
 
 
-def install() -> bool:
+def install(enabled: bool) -> bool:
     """Register the at-fork hooks once; return whether they are active in this process.
 
-    Raises :class:`hvd_elastic.envvars.ConfigError` if ``HVD_ELASTIC_FORK_SAFETY``
-    holds no boolean.
+    ``enabled``: the worker's ``fork_safety`` setting (``HVD_ELASTIC_FORK_SAFETY``,
+    :mod:`hvd_elastic.training.settings`); the first call decides for the process.
     """
     global _installed, _prctl
     if _installed is not None:
         return _installed
-    if not parse_bool(ENV, os.environ.get(ENV, "1")):
-        log.info("fork safety is off (%s=%s): forked children keep this process's Gloo connections",
-                 ENV, os.environ[ENV])
+    if not enabled:
+        log.info("fork safety is off (%s): forked children keep this process's Gloo connections", ENV)
         _installed = False
         return False
     missing = _unsupported()

@@ -54,9 +54,10 @@ kept the registration, or was reused since, is not Gloo's.
 that shape is still found (a newer Gloo that registers its listener in the
 same loop would make the hang-up silently match nothing).
 
-Off switch: ``HVD_ELASTIC_GLOO_HANGUP=0`` (any false value of
-:func:`hvd_elastic.envvars.parse_bool`).  Without Linux's ``/proc`` it
-finds nothing and does nothing.
+Off switch: ``HVD_ELASTIC_GLOO_HANGUP=0`` (the worker's ``gloo_hangup``
+setting, :mod:`hvd_elastic.training.settings`): the elastic loop and the
+health cut then never call it.  Without Linux's ``/proc`` it finds nothing
+and does nothing.
 """
 
 from __future__ import annotations
@@ -69,13 +70,11 @@ import struct
 import time
 from typing import NamedTuple
 
-from hvd_elastic.envvars import env_bool
 from hvd_elastic.fds import FD_DIR, FDINFO_DIR
 
 log = logging.getLogger(__name__)
 
 #: Set to a false boolean ("0", "false") to turn the hang-up off.
-ENV = "HVD_ELASTIC_GLOO_HANGUP"
 
 #: After a failure: seconds without data on every Gloo connection that mean this rank's world has stopped
 #: (Horovod's background loop exchanges with every peer each cycle, a few milliseconds).
@@ -96,10 +95,6 @@ class _Registration(NamedTuple):
     fd: int  # the number it was registered under
     data: int  # the epoll event's data (64 bits)
     inode: int | None  # of the registered file; None on kernels that do not print it
-
-
-def enabled() -> bool:
-    return env_bool(ENV, True)
 
 
 def _target(fd: int) -> str:
@@ -252,8 +247,6 @@ def hang_up(why: str = "of the failed Horovod context") -> list[int]:
     a peer host Consul judged lost).  A descriptor that no longer names the
     socket it named when listed is left alone.
     """
-    if not enabled():
-        return []
     done = []
     for endpoint in gloo_endpoints():
         sock = _socket_at(*endpoint)
@@ -274,8 +267,6 @@ def hang_up_if_stalled(quiet: float = STALL_QUIET_S, window: float = STALL_WINDO
     """After this rank's Horovod failed: :func:`hang_up` once its Gloo connections have been quiet for
     ``quiet`` seconds, within ``window`` seconds; [] when they keep receiving data (the world is alive, so
     nobody waits on this rank) or none is found."""
-    if not enabled():
-        return []
     deadline = time.monotonic() + window
     while (seconds := quiet_for()) is not None and seconds < quiet:
         if time.monotonic() + (quiet - seconds) > deadline:

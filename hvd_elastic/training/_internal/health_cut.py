@@ -24,7 +24,9 @@ every worker: ``CONSUL_HTTP_ADDR`` (default the node's local agent),
 ``CONSUL_HTTP_TOKEN_FILE`` and the TLS variables, ``HVD_ELASTIC_SERVICE``,
 ``HVD_ELASTIC_TAGS``, ``HVD_ELASTIC_FILTER`` and ``HVD_ELASTIC_HOST_NAME`` (set
 those rather than discovery flags, so workers name hosts as horovodrun does),
-``HVD_ELASTIC_HEALTH_GRACE``.  On unless ``HVD_ELASTIC_HEALTH_CUT=0``.
+``HVD_ELASTIC_HEALTH_GRACE``.  On unless ``HVD_ELASTIC_HEALTH_CUT=0`` or
+``HVD_ELASTIC_GLOO_HANGUP=0`` (a cut is a hang-up); both are the worker's
+settings (:mod:`hvd_elastic.training.settings`).
 
 Consul's verdict alone is not enough: a host whose node agent died while its
 workers train on is critical too, and cutting it would turn a graceful resize
@@ -44,24 +46,19 @@ import logging
 import os
 import threading
 
-from hvd_elastic.envvars import ConfigError, env_bool, horovod_hostname
+from hvd_elastic.envvars import ConfigError, horovod_hostname
 from hvd_elastic.health import lost
 from hvd_elastic.training._internal import gloo_hangup
+from hvd_elastic.training.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-ENV = "HVD_ELASTIC_HEALTH_CUT"
 # A live world's Gloo connections carry Horovod's negotiation every cycle (milliseconds): a rank that heard
 # nothing for this long is waiting on someone.  Well under the TTL that made the host critical, and a
 # stalled ring has been quiet since the fault itself, so it costs a real failure nothing.
 QUIET_S = 2.0
 RETRIES, RETRY_S = 10, 3.0  # hang-ups repeated while this rank has not left the world it cut
 WAIT_S = 30.0  # the blocking read's ?wait=: a change returns at once, this bounds an idle read
-
-
-def enabled(environ=os.environ) -> bool:
-    """Whether ``HVD_ELASTIC_HEALTH_CUT`` leaves the cut on (on when unset); ConfigError for no boolean."""
-    return env_bool(ENV, True, environ)
 
 
 class HealthCut:
@@ -136,21 +133,20 @@ class HealthCut:
         self._stop.set()
 
 
-def start() -> HealthCut | None:
+def start(settings: WorkerSettings) -> HealthCut | None:
     """This rank's HealthCut, running; None when it is off, or not this rank's job (not local rank 0).
 
-    A bad setting is one warning and no cut: a health watch is never a reason
-    to stop training.
+    A bad discovery setting is one warning and no cut: a health watch is never
+    a reason to stop training.
     """
+    if not (settings.health_cut and settings.gloo_hangup) or os.environ.get("HOROVOD_LOCAL_RANK", "0") != "0":
+        return None
     try:
-        if not enabled() or os.environ.get("HOROVOD_LOCAL_RANK", "0") != "0":
-            return None
-        grace = lost.grace_from_env()
         fetch, failures = _fetch()
     except ConfigError as exc:
         log.warning("health cut off: %s", exc)
         return None
-    cut = HealthCut(horovod_hostname(), grace)
+    cut = HealthCut(horovod_hostname(), settings.health_grace)
     cut.start(fetch, failures)
     return cut
 

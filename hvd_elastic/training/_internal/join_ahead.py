@@ -59,14 +59,13 @@ import time
 from typing import Any, Callable
 
 import horovod.torch as hvd
-from hvd_elastic.envvars import env_bool, horovod_hostname
+from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.training._internal import rendezvous
 from hvd_elastic.training._internal.compat import HostUpdateResult
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
 log = logging.getLogger(__name__)
 
-ENV = "HVD_ELASTIC_JOIN_AHEAD"
 POLL_S = 0.02  # rank 0's look at the forming world's store
 ANSWER_WAIT_S = 10.0  # a rank's wait for its own answer once rank 0 has one (the driver sent both at once)
 
@@ -81,11 +80,6 @@ class Verdict(enum.Enum):
 
 
 _loops_taking_answers = 0  # how many elastic loops of this process re-initialise with a JoinInterrupt's answer
-
-
-def enabled() -> bool:
-    """Whether join-ahead is on (``HVD_ELASTIC_JOIN_AHEAD``, default on); a bad value is a ConfigError."""
-    return env_bool(ENV, True)
 
 
 @contextlib.contextmanager
@@ -165,9 +159,9 @@ class HostCheck:
     ``broadcast(obj)`` is the collective that gives every rank rank 0's object.
     """
 
-    def __init__(self, broadcast: Callable[[Any], Any]):
+    def __init__(self, broadcast: Callable[[Any], Any], enabled: bool):
         self._broadcast = broadcast
-        self._enabled = enabled()
+        self._enabled = enabled  # the worker's join_ahead setting (HVD_ELASTIC_JOIN_AHEAD)
         self._server = rendezvous.Server.from_env()
         self._deadline_s = rendezvous.gloo_timeout()
         self._held: list[tuple[float, int]] = []

@@ -53,10 +53,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from hvd_elastic.envvars import env_bool, horovod_hostname
+from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.errors import HvdElasticError
-
-LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
+from hvd_elastic.training.settings import CHECKPOINT_LOCAL_ENV as LOCAL_ENV
 MARKER_PREFIX = ".hvd-elastic-shared-"
 OVERRIDE = (f"pass checkpoint_dir_shared=False to hvd_elastic.run (or set {LOCAL_ENV}=1) "
             f"if the directory is local on purpose")
@@ -122,14 +121,6 @@ def remove_markers(directory: str | os.PathLike) -> list[Path]:
             Marker(Path(directory) / name, "").remove()
             removed.append(Path(directory) / name)
     return removed
-
-
-def enabled(shared: bool = True) -> bool:
-    """Whether this process asks for the check: ``shared`` and no ``HVD_ELASTIC_CHECKPOINT_LOCAL`` true.
-
-    Raises ValueError naming a value of the variable that is not a boolean.
-    """
-    return shared and not env_bool(LOCAL_ENV, False)
 
 
 def host_label() -> str:
