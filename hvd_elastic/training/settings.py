@@ -7,7 +7,7 @@ Slurm and Kubernetes all pass on.  :func:`from_environment` reads
 hvd-elastic: :class:`~hvd_elastic.training.state.TrainingState`'s
 construction, or ``@hvd_elastic.run`` for Horovod's own states.  The
 modules below take the values they need from that object; none reads a
-variable of this table itself (``tests/test_settings_table.py``).
+variable of this table itself (``tests/training_run/test_settings.py``).
 
 Contract:
 
