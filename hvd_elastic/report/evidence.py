@@ -35,6 +35,8 @@ import torch
 
 import horovod.torch as hvd
 
+from hvd_elastic.envvars import horovod_hostname
+
 IMPORTED = time.time()  # torch + horovod imported: where a worker's start-up ends unless told otherwise
 
 
@@ -78,7 +80,7 @@ class Evidence:
     def __init__(self, out: str, imported: float | None = None):
         self.out = out
         self.imported = IMPORTED if imported is None else imported
-        self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        self.host = horovod_hostname() or socket.gethostname()
         self.initialised: float | None = None  # the caller sets it once hvd.init() returned
         for sub in ("ledger", "pids"):
             os.makedirs(os.path.join(out, sub), exist_ok=True)
