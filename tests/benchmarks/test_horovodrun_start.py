@@ -20,5 +20,7 @@ def test_one_round_reports_every_kind(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     assert set(report["samples"]) == {"stock", "hvd-elastic", "hvd-elastic, first run"}
-    assert all(len(samples) == 1 and samples[0] > 0 for samples in report["samples"].values())
-    assert [row["baseline"] for row in report["rows"]] == [None, "stock", "stock"]
+    for measure in ("samples", "cpu_s"):
+        assert set(report[measure]) == set(report["samples"])
+        assert all(len(values) == 1 and values[0] > 0 for values in report[measure].values())
+    assert [row["baseline"] for row in report["rows"]] == [None, "stock", "stock"] * 2
