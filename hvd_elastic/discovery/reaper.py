@@ -22,8 +22,11 @@ How a session is found (Horovod 0.28's ``safe_shell_exec``): horovodrun forks
 one middleman per worker, which calls ``setsid()`` and runs the worker command
 through a shell; that command carries ``HOROVOD_HOSTNAME=<host>`` (in ssh's
 remote command, or, for a local host, in the worker's own environment).  So a
-session is a child of horovodrun that leads its own session, and its host is
-the first ``HOROVOD_HOSTNAME=`` found among that session's processes.  Killing
+session is a process under horovodrun that leads its own session, and its host is
+the first ``HOROVOD_HOSTNAME=`` found among that session's processes.  (Under
+hvd-elastic's rules the middlemen are forked by a forkserver that horovodrun
+started, :mod:`hvd_elastic.horovodrun.startup`: sessions are looked for among
+all of horovodrun's descendants.)  Killing
 the session's process group ends the shell, the ssh client or the local
 worker, and the middleman, whose exit status horovodrun records.
 
@@ -71,7 +74,7 @@ def _host_of(pid: int) -> str | None:
 def worker_sessions(job_pid: int) -> dict[str, list[int]]:
     """host -> session ids of ``job_pid``'s worker sessions (module docstring)."""
     stats = procfs.all_stats()
-    leaders = {pid for pid, st in stats.items() if st.ppid == job_pid and st.sid == pid}
+    leaders = {pid for pid in _descendants(job_pid, stats) if stats[pid].sid == pid}
     members: dict[int, list[int]] = {}
     for pid, st in stats.items():
         if st.sid in leaders:
@@ -82,6 +85,20 @@ def worker_sessions(job_pid: int) -> dict[str, list[int]]:
         if host is not None:
             sessions.setdefault(host, []).append(sid)
     return sessions
+
+
+def _descendants(root: int, stats: dict[int, procfs.Stat]) -> set[int]:
+    """Every process below ``root``: a middleman is horovodrun's child, or its forkserver's under the rules."""
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(st.ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def end_sessions(sids: list[int]) -> list[int]:

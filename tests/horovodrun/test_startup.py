@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from hvd_elastic.discovery import reaper
 from hvd_elastic.horovodrun import startup
 from testbed import VENV_BIN, child_env
 
@@ -75,14 +79,19 @@ ANCESTRY = ("import psutil, sys; p = psutil.Process().parent(); seen = []\n"
             "open(sys.argv[1], 'w').write('\\n'.join(seen))")
 
 
-def horovodrun(tmp_path: Path, *command: str, verbose: bool = False, **env: str) -> subprocess.CompletedProcess:
-    """A one-host elastic horovodrun of ``command`` with a plain discovery script; its output."""
+def horovodrun_command(tmp_path: Path, *command: str, verbose: bool = False) -> list[str]:
+    """A one-host elastic horovodrun of ``command`` with a plain discovery script."""
     script = tmp_path / "hosts.sh"
     script.write_text("#!/bin/sh\necho localhost:1\n")
     script.chmod(0o755)
-    cmd = [str(VENV_BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "1", "--network-interface", "lo",
-           "--host-discovery-script", str(script), *(["--verbose"] if verbose else []), *command]
-    return subprocess.run(cmd, env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache"), **env), capture_output=True,
+    return [str(VENV_BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "1", "--network-interface", "lo",
+            "--host-discovery-script", str(script), *(["--verbose"] if verbose else []), *command]
+
+
+def horovodrun(tmp_path: Path, *command: str, verbose: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """:func:`horovodrun_command`, run to its end; its output."""
+    return subprocess.run(horovodrun_command(tmp_path, *command, verbose=verbose),
+                          env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache"), **env), capture_output=True,
                           text=True, timeout=120)
 
 
@@ -108,3 +117,27 @@ def test_workers_start_through_a_forkserver_under_the_rules(tmp_path, rules, mad
     ancestors = ancestry.read_text().splitlines()
     middleman = next(line for line in ancestors if "multiprocessing" in line)
     assert made_by in middleman, ancestors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rules", ["1", "0"])
+def test_discoverys_reaper_finds_the_worker_sessions_either_way(tmp_path, rules):
+    """The reaper ends a lost host's sessions by finding them under horovodrun: with the rules they are
+    the forkserver's children, not horovodrun's (a partitioned host's ssh then waited out TCP's connect
+    timeout, 130 s, in the 200-fault soak)."""
+    job = subprocess.Popen(horovodrun_command(tmp_path, "sleep", "60"), start_new_session=True,
+                           env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache"), HVD_ELASTIC_DRIVER=rules),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (sessions := reaper.worker_sessions(job.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(sessions) == ["localhost"] and len(sessions["localhost"]) == 1
+        assert reaper.end_sessions(sessions["localhost"]) == sessions["localhost"]
+        while set(sessions["localhost"]) & set(reaper.worker_sessions(job.pid).get("localhost", ())):
+            assert time.monotonic() < deadline, "the ended session is still there"
+            time.sleep(0.1)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
