@@ -2,8 +2,10 @@
 
 horovodrun runs the discovery script through ``safe_shell_exec``, whose
 middleman process calls ``setsid()`` and whose parent is the horovodrun
-driver.  The parent of our session leader therefore names the job; with its
-start time (against pid reuse) it forms the job key ``<pid>-<start ticks>``.
+driver, or, under hvd-elastic's rules, a multiprocessing forkserver that
+horovodrun started (:mod:`hvd_elastic.horovodrun.startup`), whose parent is.
+That process names the job; with its start time (against pid reuse) it forms
+the job key ``<pid>-<start ticks>``.
 A test or benchmark that runs discovery with ``start_new_session=True`` stands
 in for horovodrun the same way.
 
@@ -41,9 +43,12 @@ def proc_stat(pid: int) -> tuple[int, str]:
 
 
 def job_process() -> tuple[int, str] | None:
-    """(pid, start ticks) of the process that started our session, or None when unknown."""
+    """(pid, start ticks) of the process that started our session (through a forkserver: the process that
+    started the forkserver), or None when unknown."""
     try:
         job_pid, _ = proc_stat(os.getsid(0))
+        if job_pid > 1 and _is_forkserver(job_pid):
+            job_pid, _ = proc_stat(job_pid)
         if job_pid <= 1:
             return None
         _, started = proc_stat(job_pid)
@@ -52,13 +57,22 @@ def job_process() -> tuple[int, str] | None:
     return job_pid, started
 
 
-def is_horovodrun(pid: int) -> bool:
-    """True when process ``pid`` runs horovodrun (the console script or ``-m horovod.runner.launch``)."""
+def _cmdline(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
-        return False
+        return []
+
+
+def _is_forkserver(pid: int) -> bool:
+    """True when ``pid`` is a multiprocessing forkserver (``python -c 'from multiprocessing.forkserver ...'``)."""
+    return any(b"multiprocessing.forkserver import main" in arg for arg in _cmdline(pid))
+
+
+def is_horovodrun(pid: int) -> bool:
+    """True when process ``pid`` runs horovodrun (the console script or ``-m horovod.runner.launch``)."""
+    args = _cmdline(pid)
     return any(os.path.basename(a) == b"horovodrun" or a in (b"horovod.runner.launch", b"horovod.runner") for a in args)
 
 
