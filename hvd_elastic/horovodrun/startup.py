@@ -19,8 +19,10 @@
    preloaded (and started at once, in the background, while the driver waits
    for discovery).  It stays fork-safe for the reason Horovod avoided ``fork``
    (the launcher's own threads): the server is a single-threaded process of
-   its own.  A middleman is then horovodrun's grandchild, so rule 4 looks for
-   sessions among all descendants.
+   its own.  A middleman is then horovodrun's grandchild, and a discovery
+   call's session leader the forkserver's child: rule 4 and discovery's reaper
+   look for sessions among all of horovodrun's descendants, and discovery
+   takes a forkserver's parent for its job (:mod:`hvd_elastic.discovery.jobdir`).
 
 Contract:
 
