@@ -5,7 +5,8 @@ Each round runs three elastic horovodruns on two local hosts (``localhost``,
 starting ``horovodrun`` to the moment its last worker runs (the worker is
 ``sh -c 'date +%s.%N'`` into a file, so the worker's own start-up is not in
 the figure), and the CPU seconds (user and system) horovodrun and every
-process under it used for the whole run, which on a loaded 2-core box are
+process under it used for the whole run (this process adopts the orphans,
+so a forkserver's children count too), which on a loaded 2-core box are
 what a relaunch takes from the training that goes on:
 
 * ``stock``: ``HVD_ELASTIC_DRIVER=0``, Horovod 0.28.1 as it is;
@@ -22,6 +23,7 @@ Ratios are taken round by round against ``stock`` (``report.paired_ratio``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import resource
 import subprocess
@@ -38,6 +40,7 @@ from testbed import VENV_BIN, child_env  # noqa: E402
 
 KINDS = ("stock", "hvd-elastic", "hvd-elastic, first run")
 TIMEOUT_S = 120.0  # a hang guard
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 def one_start(workdir: Path, kind: str, warm_cache: Path) -> tuple[float, float]:
@@ -56,13 +59,34 @@ def one_start(workdir: Path, kind: str, warm_cache: Path) -> tuple[float, float]
     subprocess.run([str(VENV_BIN / "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2",
                     "--network-interface", "lo", "--host-discovery-script", str(hosts), "sh", "-c", worker],
                    env=env, check=True, capture_output=True, timeout=TIMEOUT_S)
+    _reap_orphans()
     return max(float(path.read_text()) for path in stamps.iterdir()) - began, _children_cpu() - cpu
 
 
 def _children_cpu() -> float:
-    """CPU seconds of this process's reaped descendants (each level of horovodrun's tree reaps the next)."""
+    """CPU seconds of this process's reaped descendants: with :func:`_subreaper`, the whole tree's."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _subreaper() -> None:
+    """Adopt horovodrun's orphans (a forkserver outlives horovodrun briefly, and its children are its own):
+    reaped here, their CPU counts in RUSAGE_CHILDREN too."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _reap_orphans(timeout: float = TIMEOUT_S) -> None:
+    """Wait for every adopted descendant to end."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.02)
+    raise TimeoutError(f"horovodrun's processes still alive {timeout:.0f} s after it ended")
 
 
 def main() -> int:
@@ -70,6 +94,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default %(default)s)")
     parser.add_argument("--json", type=Path, default=RESULTS / "horovodrun_start.json")
     args = parser.parse_args()
+    _subreaper()
     load = os.getloadavg()
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
     cpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
