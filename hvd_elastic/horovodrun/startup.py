@@ -66,12 +66,13 @@ def build_key(horovod_dir: Path, version: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def remembered(check: Callable[..., Any], marker: Callable[[], Path | None]) -> Callable[..., Any]:
-    """``check`` answered from ``marker()``'s existence once it said yes; a marker of None is always a miss."""
+def remembered(check: Callable[..., Any], marker: Callable[[], Path]) -> Callable[..., Any]:
+    """``check`` answered from ``marker()``'s existence once it said yes; a marker that cannot be named (an
+    extension library unreadable) is a miss."""
 
     def gloo_built(*args: Any, **kwargs: Any) -> Any:
         try:
-            path = marker()
+            path: Path | None = marker()
         except OSError:
             path = None
         if path is not None and path.exists():

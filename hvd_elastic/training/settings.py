@@ -106,8 +106,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> WorkerSettings
     environ = os.environ if environ is None else environ
     values = {v.field: v.check.read(v.name, v.default, environ) for v in VARIABLES if v.field not in _HEALTH}
     try:
-        health = {field: BY_FIELD[field].check.read(BY_FIELD[field].name, BY_FIELD[field].default, environ)
-                  for field in _HEALTH}
+        health = {v.field: v.check.read(v.name, v.default, environ) for v in VARIABLES if v.field in _HEALTH}
     except ConfigError as exc:
         log.warning("health cut off: %s", exc)
         health = {"health_cut": False, "health_grace": DEFAULT_GRACE_S}

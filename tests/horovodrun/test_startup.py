@@ -79,10 +79,11 @@ ANCESTRY = ("import psutil, sys; p = psutil.Process().parent(); seen = []\n"
             "open(sys.argv[1], 'w').write('\\n'.join(seen))")
 
 
-def horovodrun_command(tmp_path: Path, *command: str, verbose: bool = False) -> list[str]:
-    """A one-host elastic horovodrun of ``command`` with a plain discovery script."""
+def horovodrun_command(tmp_path: Path, *command: str, verbose: bool = False, discovery: str = "") -> list[str]:
+    """A one-host elastic horovodrun of ``command``; its discovery script runs ``discovery`` (shell), then
+    prints the host."""
     script = tmp_path / "hosts.sh"
-    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.write_text(f"#!/bin/sh\n{discovery}\necho localhost:1\n")
     script.chmod(0o755)
     return [str(VENV_BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "1", "--network-interface", "lo",
             "--host-discovery-script", str(script), *(["--verbose"] if verbose else []), *command]
@@ -149,13 +150,10 @@ def test_discovery_knows_its_horovodrun_either_way(tmp_path, rules):
     """Discovery keys its job's cache, watcher and reaper by the horovodrun above its session; with the rules
     a forkserver stands between them (without it, discovery under the rules ran with no watcher at all)."""
     seen = tmp_path / "job"
-    script = tmp_path / "hosts.sh"
-    script.write_text(f"#!/bin/sh\n{VENV_BIN / 'python'} -c 'from hvd_elastic.discovery import jobdir; "
-                      f"open(\"{seen}\", \"w\").write(str(jobdir.job_process()[0]))'\necho localhost:1\n")
-    script.chmod(0o755)
-    cmd = [str(VENV_BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "1", "--network-interface", "lo",
-           "--host-discovery-script", str(script), "true"]
-    job = subprocess.Popen(cmd, env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache"), HVD_ELASTIC_DRIVER=rules),
+    record = (f"{VENV_BIN / 'python'} -c 'from hvd_elastic.discovery import jobdir; "
+              f"open(\"{seen}\", \"w\").write(str(jobdir.job_process()[0]))'")
+    job = subprocess.Popen(horovodrun_command(tmp_path, "true", discovery=record),
+                           env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache"), HVD_ELASTIC_DRIVER=rules),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert job.wait(timeout=120) == 0
     assert int(seen.read_text()) == job.pid

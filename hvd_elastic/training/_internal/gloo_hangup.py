@@ -74,8 +74,6 @@ from hvd_elastic.fds import FD_DIR, FDINFO_DIR
 
 log = logging.getLogger(__name__)
 
-#: Set to a false boolean ("0", "false") to turn the hang-up off.
-
 #: After a failure: seconds without data on every Gloo connection that mean this rank's world has stopped
 #: (Horovod's background loop exchanges with every peer each cycle, a few milliseconds).
 STALL_QUIET_S = 0.2
