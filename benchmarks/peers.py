@@ -311,6 +311,12 @@ def versions() -> dict[str, str]:
     return found
 
 
+def _write_json(args, records: list[dict]) -> None:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"seed": args.seed, "hosts": args.hosts, "versions": versions(),
+                                     "records": records}, indent=1))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.seed is None:
@@ -341,10 +347,8 @@ def main(argv=None) -> int:
             if label == "faults" or args.smoke:
                 records.append(record)
                 timelines.append((run, rows, verdict.kept))
+                _write_json(args, records)  # after each stack: a run cut short keeps what it measured
     print(table(records))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"seed": args.seed, "hosts": args.hosts, "versions": versions(),
-                                     "records": records}, indent=1))
     picture(timelines, args.png or args.json.with_suffix(".png"))
     problems = [r["stack"] for r in records if r["exit_code"] not in (0, None) or r["chain_broken"]]
     if problems:
