@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-on-host", metavar="HOST",
                         help="tests only: a worker started on HOST (HOROVOD_HOSTNAME) exits 3 before hvd.init(): "
                              "a host lost between its start and its rendezvous")
+    parser.add_argument("--hang-before-init-on", metavar="HOST",
+                        help="tests only: the first worker started on HOST creates OUT/hung-HOST and sleeps before "
+                             "hvd.init() (at most 600 s): to the driver, a worker stuck inside its world's rendezvous")
     parser.add_argument("--die-in-first-sync", metavar="FILE",
                         help="tests only: unless FILE exists, rank 0 creates it and exits 3 inside its sync (after "
                              "the resume, before the broadcast): a rank 0 lost during a relaunched job's first sync")
@@ -144,6 +147,16 @@ def step_loss(loss: torch.Tensor) -> float:
     return hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item()
 
 
+def hang_once(marker: str, limit: float = 600.0) -> None:
+    """Unless ``marker`` exists: create it, then sleep ``limit`` s and exit 4 (a test ends the process first)."""
+    try:
+        open(marker, "x").close()
+    except FileExistsError:
+        return
+    time.sleep(limit)
+    sys.exit(4)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     for module in filter(None, args.imports.split(",")):
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     imported = time.time()  # after --import: a joining worker's start-up ends here
     if args.fail_on_host and args.fail_on_host == os.environ.get("HOROVOD_HOSTNAME"):
         sys.exit(3)
+    if args.hang_before_init_on and args.hang_before_init_on == os.environ.get("HOROVOD_HOSTNAME"):
+        hang_once(os.path.join(args.out, f"hung-{args.hang_before_init_on}"))
     hvd.init()  # a joining worker's rendezvous with the survivors happens in here
     torch.set_num_threads(1)
     evidence = FaultyEvidence(args.out, imported=imported)

@@ -4,7 +4,7 @@ Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
 ``gloo_run.py``) was written for a fixed pool of machines; under churn its
 rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
 hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
-with ``HVD_ELASTIC_DRIVER=1``, six of them change (``HVD_ELASTIC_DRIVER=0``
+with ``HVD_ELASTIC_DRIVER=1``, seven of them change (``HVD_ELASTIC_DRIVER=0``
 keeps Horovod's):
 
 1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
@@ -69,6 +69,12 @@ keeps Horovod's):
    no survivor to hand it the state: Horovod ends the job then ("No hosts from
    previous set remaining"); with a durable checkpoint announced, as in rule 2,
    the new world resumes from it instead (counted with rule 2's rounds).
+7. **A given-up world's workers stuck in its rendezvous are ended.**  A worker
+   past rule 5's store, connecting its Gloo pairs to a host cut off, waits
+   out the connection timeout (minutes) and the round cannot end without it.
+   :data:`~.slots.GRACE_S` after a world is doomed, its workers that never got
+   through ``hvd.init()`` and have not asked for the next world are ended, and
+   their hosts spared (:mod:`.slots`).
 
 Contract:
 
@@ -104,7 +110,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_elastic.envvars import ConfigError, parse_bool
-from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY, startup
+from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY, slots, startup
 from hvd_elastic.horovodrun.hook import ENV
 
 log = logging.getLogger("hvd_elastic.horovodrun")
@@ -136,6 +142,7 @@ class Job:
     stopped: bool = False  # the driver's stop() ran: rule 3 and 4's guards are in place
     sent_away: dict[str, float] = dataclasses.field(default_factory=dict)  # client address -> last 503 (monotonic)
     spared: set[str] = dataclasses.field(default_factory=set)  # hosts not blacklisted in this round
+    workers: slots.Workers = dataclasses.field(default_factory=slots.Workers)  # rule 7's handles
 
     def restart_refusal(self, codes: list[int | None]) -> str | None:
         """Why a round in which every worker failed (with ``codes``) must end the job; None to restart it."""
@@ -178,8 +185,8 @@ def install(gloo_run: Any) -> None:
     from horovod.runner.http import http_server
 
     version = getattr(horovod, "__version__", "?")
-    needed = [(driver.ElasticDriver, ("__init__", "_handle_worker_exit", "stop", "finished", "get_results",
-                                      "register_worker_server", "_update_host_assignments")),
+    needed = [(driver.ElasticDriver, ("__init__", "start", "_handle_worker_exit", "stop", "finished", "get_results",
+                                      "register_worker_server", "_update_host_assignments", "has_rank_assignment")),
               (discovery.HostState, ("blacklist",)),
               (registration.WorkerStateRegistry, ("_on_workers_recorded", "_wait")),
               (gloo_run, ("register_shutdown_event", "create_rendezvous_handler")),
@@ -271,8 +278,17 @@ def _patch_driver_lifecycle(cls: Any) -> None:
             job = _job(self)
             if job is not None:
                 job.initialized = True
+                job.workers.registered((host, slot))
             return original(self, host, slot, addresses, secret_key)
         return register_worker_server
+
+    def start(original):
+        def start(self, num_proc, create_worker_fn):
+            job = _job(self)
+            if job is not None:
+                create_worker_fn = job.workers.wrap(create_worker_fn)  # rule 7 ends one worker alone
+            return original(self, num_proc, create_worker_fn)
+        return start
 
     def stop(original):
         def stop(self, error_message=None):
@@ -303,6 +319,7 @@ def _patch_driver_lifecycle(cls: Any) -> None:
     _wrap(cls, "_update_host_assignments", _resume_without_survivors)
     _wrap(cls, "stop", stop)
     _wrap(cls, "register_worker_server", register_worker_server)
+    _wrap(cls, "start", start)
     _wrap(cls, "get_results", get_results)
 
 
@@ -550,6 +567,9 @@ def _doom(driver: Any, why: str) -> None:
         scope[_DOOMED_KEY] = why.encode()
     if first:
         log.warning("hvd-elastic: %s: this world cannot form any more; its workers are sent on to the next", why)
+        job = _job(driver)
+        if job is not None:
+            slots.end_stuck_later(driver, job.workers, lambda: _doomed(server), job.spared)  # rule 7
 
 
 def _note_sent_away(job: Job, host: str, slot: int, exit_code: int) -> None:

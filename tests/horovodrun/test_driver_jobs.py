@@ -28,7 +28,11 @@ turns into a dead or wedged job, reproduced directly (no soak):
   job, "No hosts from previous set remaining"); here the next world resumes from the checkpoint;
 * a host of the next world is lost while the survivors re-initialise (the newcomer's worker ends
   before ``hvd.init()``): stock Horovod's survivors wait out Gloo's rendezvous timeout inside
-  ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state.
+  ``hvd.init()`` and abort, state and all; here they go on to the world after it and keep their state;
+* a worker is stuck inside a given-up world's rendezvous (past the store, connecting to a peer cut off;
+  here it sleeps before ``hvd.init()``, which the driver cannot tell apart): the round never ends
+  without it, so the job waits out the connection timeout, minutes; here it is ended 5 s after the
+  world was given up and the next world trains.
 """
 
 from __future__ import annotations
@@ -270,4 +274,23 @@ def test_a_host_lost_while_the_survivors_reinitialise_costs_them_no_state(tmp_pa
         assert "join ahead: the new world cannot form" in log, log[-3000:]
     assert "Wait timeout" not in log and "every worker of the round failed" not in log, log[-3000:]
     assert not EventLog.read(out / "events.jsonl", event="resume"), "the survivors resumed from a checkpoint"
+    assert not run_problems(out), run_problems(out)
+
+
+def test_a_worker_stuck_in_a_given_up_worlds_rendezvous_is_ended(tmp_path):
+    out = tmp_path / "job"
+    out.mkdir()
+    job = launch(tmp_path, out, min_np=2, args=("--hang-before-init-on", "127.0.0.1"))
+    with job:
+        job.wait_until("127.0.0.1's worker to hang and localhost's to start",
+                       lambda: (out / "hung-127.0.0.1").exists() and "localhost" in workers(out), WAIT)
+        workers(out)["localhost"].send_signal(signal.SIGKILL)  # the world is given up
+        progress = JsonLines(out / "progress.jsonl")
+        job.wait_until("a step at world size 2", lambda: any(r["size"] == 2 for r in progress.rows()), WAIT)
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert "hvd-elastic: 127.0.0.1[0] is still inside the given-up world's rendezvous 5 s later: ending it" in log, \
+        log[-3000:]
+    assert "every worker of the round failed" in log and "stop running" not in log, log[-3000:]
     assert not run_problems(out), run_problems(out)
