@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     for module in filter(None, args.imports.split(",")):
         importlib.import_module(module)
+    if args.api == "hvd_elastic":  # a script imports the API at its top, before hvd.init() (examples/)
+        importlib.import_module("hvd_elastic.training.runner")
     imported = time.time()  # after --import: a joining worker's start-up ends here
     if args.fail_on_host and args.fail_on_host == os.environ.get("HOROVOD_HOSTNAME"):
         sys.exit(3)

@@ -11,7 +11,9 @@
 * :mod:`.rendezvous`, :mod:`.join_ahead` -- Horovod's rendezvous server as a
   worker asks it (its place in the next world, whether that world is doomed),
   and the join that lets the survivors train on while a newcomer starts;
-* :mod:`.objects` -- small Python objects between the ranks, one collective each.
+* :mod:`.objects` -- small Python objects between the ranks, one collective each;
+* :mod:`.preload` -- what a script would import after ``hvd.init()``, imported
+  before it, so a joining worker's survivors do not wait for it.
 
 What users import lives one level up: ``state``, ``runner``, ``sampler``,
 ``batching``, ``checkpoint``, ``events`` and ``components``.

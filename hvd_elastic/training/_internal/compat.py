@@ -70,6 +70,10 @@ _launch``'s local ``process_obj``,   ``Process`` from other forks; were it moved
 read from the frame that forks       such children would merely not die with
                                      their parent (``tests/training_run/
                                      test_forksafe_unit.py``)
+torch's lazy ``torch._dynamo``       :mod:`.preload` imports it before
+import on the first                  ``hvd.init()``; were it no longer lazy, the
+``Optimizer.add_param_group``        preload would merely import it early
+(``torch._disable_dynamo``)
 =================================== ============================================
 """
 
@@ -111,6 +115,8 @@ def _major_minor(version: str) -> tuple[int, int]:
 
 
 check_versions(horovod.__version__, torch.__version__)
+
+from hvd_elastic.training._internal import preload  # noqa: E402,F401 -- its import is its work (its docstring)
 
 from horovod.common.elastic import notification_manager  # noqa: E402 -- only once the versions are known good
 from horovod.runner.elastic.worker import HostUpdateResult  # noqa: E402
