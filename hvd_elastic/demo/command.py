@@ -230,6 +230,13 @@ class _Run:
                 name=f"horovodrun.launch{self.launches}"))
         self.job.start()
 
+    @property
+    def launched(self) -> Job:
+        """The horovodrun job :meth:`launch` started last."""
+        if self.job is None:
+            raise DemoFailed("no job launched yet")
+        return self.job
+
     def record(self, action: str, host: str | None) -> float:
         """Append the action to actions.jsonl (the report pairs it with the change it causes); its time."""
         now = time.time()
@@ -241,7 +248,13 @@ class _Run:
         """Carry out ``event``; returns when it was done (Unix time)."""
         host = event.host
         at = self.record(event.action, host)
-        if event.action in ("drain", "undrain"):
+        if event.action == "restart":
+            self.launched.kill()
+            self._wait_forked_workers_gone()
+            self.launch(event.size_after)
+        elif host is None:  # schedule.plan gives every other action a host
+            raise DemoFailed(f"the schedule's {event.action} event has no host")
+        elif event.action in ("drain", "undrain"):
             out = subprocess.run([str(HVD_ELASTIC), event.action, "--service", SERVICE,
                                   *(["--reason", "demo: node reclaimed"] if event.action == "drain" else [])],
                                  env=self.env[host], capture_output=True, text=True, timeout=60)
@@ -254,10 +267,6 @@ class _Run:
         elif event.action == "kill-worker":
             pid = self.worker_on(host)
             psutil.Process(pid).kill()
-        elif event.action == "restart":
-            self.job.kill()
-            self._wait_forked_workers_gone()
-            self.launch(event.size_after)
         return at
 
     def worker_on(self, host: str) -> int:
@@ -291,6 +300,7 @@ class _Run:
 
     def wait_size(self, size: int, since: float, steps: int, what: str) -> float:
         """Wait until ``steps`` steps were committed at world ``size`` after ``since``; the first one's time."""
+        job = self.launched
         progress = self.console.progress
 
         def reached():
@@ -299,12 +309,27 @@ class _Run:
             return rows[0]["time"] if len(rows) >= steps else None
 
         try:
-            return self.job.wait_until(f"{steps} steps at world size {size}", reached, self.args.timeout, 0.2)
+            return job.wait_until(f"{steps} steps at world size {size}", reached, self.args.timeout, 0.2)
         except JobError as exc:
-            if self.job.returncode == 0:
+            if job.returncode == 0:
                 raise DemoFailed(f"{what}: training finished before the event took effect; raise --epochs or "
                                  f"--step-delay") from None
-            raise DemoFailed(f"{what}: {str(exc).splitlines()[0]}; see {self.job.logs[-1]}") from None
+            raise DemoFailed(f"{what}: {str(exc).splitlines()[0]}; see {job.logs[-1]}") from None
+
+    def wait_finished(self) -> None:
+        """Wait for the job to end; DemoFailed unless it exited 0."""
+        job = self.launched
+
+        def finished() -> bool:
+            self.console.refresh()
+            return not job.running()
+
+        try:
+            job.wait_until("the job to finish", finished, self.args.timeout, 0.2)
+        except JobError as exc:
+            raise DemoFailed(f"{str(exc).splitlines()[0]}; see {job.logs[-1]}") from None
+        if job.returncode != 0:
+            raise DemoFailed(f"the job exited with {job.returncode}; see {job.logs[-1]}")
 
 
 def _stop_gracefully(agent: Job) -> None:
@@ -360,13 +385,7 @@ def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str
             size = event.size_after
         (workdir / "fast").touch()  # every event done: the rest of training runs at full speed
         console.say("schedule done; training the rest at full speed")
-        try:
-            demo.job.wait_until("the job to finish", lambda: console.refresh() or not demo.job.running(),
-                                args.timeout, 0.2)
-        except JobError as exc:
-            raise DemoFailed(f"{str(exc).splitlines()[0]}; see {demo.job.logs[-1]}") from None
-        if demo.job.returncode != 0:
-            raise DemoFailed(f"the job exited with {demo.job.returncode}; see {demo.job.logs[-1]}")
+        demo.wait_finished()
         try:
             reference.finish(args.timeout)
         except JobError as exc:

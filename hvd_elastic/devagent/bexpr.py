@@ -50,13 +50,14 @@ def _unquote(text: str) -> str:
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
-    tokens = []
+    tokens: list[tuple[str, str]] = []
     pos = 0
     while pos < len(text):
         if text[pos:].strip() == "":
             break
         match = _TOKEN.match(text, pos)
-        if match is None or match.end() == pos:
+        # lastgroup is never None on a match (every alternative is a named group): checked for the type
+        if match is None or match.end() == pos or match.lastgroup is None:
             raise FilterError("Failed to create boolean expression evaluator: "
                               f"syntax error at position {pos}: {text[pos:]!r}")
         kind = match.lastgroup
@@ -106,8 +107,9 @@ class _Parser:
         if not self.tokens:
             raise self.error("empty expression")
         expr = self.parse_or()
-        if self.peek() is not None:
-            raise self.error(f"unexpected {self.peek()[1]!r}")
+        tok = self.peek()
+        if tok is not None:
+            raise self.error(f"unexpected {tok[1]!r}")
         return expr
 
     def _chain(self, word: str, operand, combine):
@@ -150,7 +152,7 @@ class _Parser:
         if kind != "word" or text in _KEYWORDS:
             raise self.error(f"expected a selector, got {text!r}")
         path = text.split(".")
-        while self.peek() and self.peek()[0] == "index":
+        while (tok := self.peek()) and tok[0] == "index":
             path.append(_unquote(self.take()[1][1:-1].strip()))
         if path[0] not in self.fields:
             raise self.error(f"Selector {text!r} is not valid")

@@ -165,8 +165,9 @@ class ConsulCluster:
             deadline = time.monotonic() + timeout
             for name in (*self.server_nodes, *self.nodes):
                 self._wait_alive(name, deadline)
-            if self._restricted[0] is not None:
-                self._make_restricted_token(*self._restricted)
+            secret, node_prefixes, service_prefixes = self._restricted
+            if secret is not None:
+                self._make_restricted_token(secret, node_prefixes, service_prefixes)
         except BaseException:
             self.stop()
             raise
@@ -246,8 +247,8 @@ class ConsulCluster:
                 seen.add(by_rpc.get(api.leader(self._client_config(name), timeout=5.0)))
             except ConsulError:
                 return None
-        name = seen.pop() if len(seen) == 1 else None
-        return name if name is not None and self._agents[name].running() else None
+        leader = seen.pop() if len(seen) == 1 else None
+        return leader if leader is not None and self._agents[leader].running() else None
 
     def wait_leader(self, timeout: float = 60.0) -> str:
         """The leader's node name, once the running servers agree on one (:meth:`leader`)."""
@@ -287,6 +288,8 @@ class ConsulCluster:
     # -- helpers ----------------------------------------------------------
 
     def _launch(self, name: str) -> None:
+        if self._workdir is None:
+            raise RuntimeError("ConsulCluster not started: call start() first")
         server = name in self.server_nodes
         prefix: list[str] = []
         if not server:
@@ -367,7 +370,8 @@ class ConsulCluster:
         while time.monotonic() < deadline:
             agent = self._agents[node]
             if not agent.running():
-                raise RuntimeError(f"consul agent {node} exited ({agent.proc.returncode}):\n{agent.log_tail()}")
+                code = None if agent.proc is None else agent.proc.returncode  # None: never started
+                raise RuntimeError(f"consul agent {node} exited ({code}):\n{agent.log_tail()}")
             try:
                 if api.leader(self._client_config(node), timeout=5.0) and self._serf_health(node) == "passing":
                     return

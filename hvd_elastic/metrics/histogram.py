@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from typing import Any
 
 #: Seconds: recoveries run from tens of milliseconds (a graceful shrink) to minutes (a Gloo timeout).
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -44,7 +45,7 @@ class Histogram:
     def to_dict(self) -> dict:
         return {"counts": list(self.counts), "sum": self.sum}
 
-    def load(self, data: dict) -> None:
+    def load(self, data: Any) -> None:
         """Take ``to_dict``'s output (from another rank); one of another shape is ignored."""
         counts = data.get("counts") if isinstance(data, dict) else None
         if isinstance(counts, list) and len(counts) == len(self.counts):

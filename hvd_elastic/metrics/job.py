@@ -55,7 +55,7 @@ _COUNTERS = {
 def cause_of(reset: dict) -> str:
     """The ``cause`` label for one of the runner's reset records (``reason``, ``hosts``)."""
     if reset.get("reason") == "hosts_updated":
-        return _HOSTS_CAUSE.get(reset.get("hosts"), "hosts_mixed")
+        return _HOSTS_CAUSE.get(reset.get("hosts", "mixed"), "hosts_mixed")  # unnamed hosts: mixed too
     return "failure"
 
 
@@ -75,7 +75,7 @@ class JobMetrics(Collector):
         self.resets = dict.fromkeys(CAUSES, 0)
         self.checkpoint_writes = {"ok": 0, "error": 0}
         self.size_seen = {"min": 0, "max": 0}
-        self.checkpoint = {"step": None, "time": None}
+        self.checkpoint: dict[str, float | None] = {"step": None, "time": None}
         self.phases = {phase: Histogram(RECOVERY_BUCKETS) for phase in PHASES}
         self.recovery = Histogram(RECOVERY_BUCKETS)
         self.durations = {what: Histogram(COPY_BUCKETS if what != "checkpoint_write" else RECOVERY_BUCKETS)

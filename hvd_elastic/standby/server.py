@@ -45,6 +45,7 @@ import socket
 import stat
 import sys
 import time
+from typing import Any
 
 import hvd_elastic
 from hvd_elastic import sdnotify
@@ -75,6 +76,13 @@ class _Launcher:
     pid: int | None = None
     pidfd: int | None = None
     kill_at: float | None = None  # SIGKILL the worker at this monotonic time
+
+    @property
+    def worker_pid(self) -> int:
+        """``pid``, asked only of a launcher whose worker was forked."""
+        if self.pid is None:
+            raise RuntimeError("this launcher's worker was never forked")
+        return self.pid
 
 
 class Standby:
@@ -169,14 +177,14 @@ class Standby:
             if obj in self._workers:
                 self._reap(obj)
         elif self._listener is not None and obj is self._listener:
-            self._accept()
+            self._accept(self._listener)
         elif obj.fileno() in self._launchers:
             return self._read(self._launchers[obj.fileno()])
         return None
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         try:
-            sock, _ = self._listener.accept()
+            sock, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
         pid, uid, _ = _peer_credentials(sock)
@@ -214,7 +222,7 @@ class Standby:
         return self._start(launcher, message, fds)
 
     def _start(self, launcher: _Launcher, message: dict, fds: list[int]) -> tuple[dict, list[int]] | None:
-        request = message.get("run")
+        request: Any = message.get("run")  # a launcher's, untrusted: _check_request vets it before any use
         refusal = _check_request(request, fds) or self._check_fresh()
         if refusal is None and self._listener is None:
             refusal = "the standby is stopping"
@@ -264,7 +272,7 @@ class Standby:
         launcher = self._workers.pop(pidfd)
         self._selector.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(launcher.pid, 0)
+        _, status = os.waitpid(launcher.worker_pid, 0)
         outcome = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
                    else {"exit": os.waitstatus_to_exitcode(status)})
         log.info("standby %r: worker %d ended (%s)", self.name, launcher.pid, outcome)
@@ -277,14 +285,14 @@ class Standby:
 
     def _terminate(self, launcher: _Launcher) -> None:
         if launcher.kill_at is None:
-            _signal_group(launcher.pid, signal.SIGTERM)
+            _signal_group(launcher.worker_pid, signal.SIGTERM)
             launcher.kill_at = time.monotonic() + KILL_GRACE
 
     def _kill_overdue(self) -> None:
         now = time.monotonic()
         for launcher in self._workers.values():
             if launcher.kill_at is not None and now >= launcher.kill_at:
-                _signal_group(launcher.pid, signal.SIGKILL)
+                _signal_group(launcher.worker_pid, signal.SIGKILL)
                 launcher.kill_at = float("inf")
 
     # ------------------------------------------------------------ plumbing
@@ -294,6 +302,8 @@ class Standby:
             self._selector.unregister(launcher.sock)
 
     def _close_listener(self) -> None:
+        if self._listener is None:  # closed already
+            return
         self._selector.unregister(self._listener)
         self._listener.close()
         self._listener = None
@@ -397,7 +407,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=env(protocol.NAME_ENV, protocol.DEFAULT_NAME),
                         help=f"the job's standby name, as its launchers say it (env {protocol.NAME_ENV}; "
                              "default %(default)s)")
-    parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD", "")),
+    parser.add_argument("--preload", type=_modules, default=_modules(env("HVD_ELASTIC_STANDBY_PRELOAD") or ""),
                         metavar="MOD[,MOD...]",
                         help="the job's heavy modules to import ahead, beside torch, torch._dynamo and horovod.torch "
                              "(env HVD_ELASTIC_STANDBY_PRELOAD)")

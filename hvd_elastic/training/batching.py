@@ -100,15 +100,16 @@ class BatchPolicy:
         """Samples one sampler step (one forward/backward on every rank) takes."""
         _check_positive("world_size", world_size)
         if self.mode == self.CONSTANT_GLOBAL:
-            return max(self.global_batch_size, world_size)
-        return self.batch_size * world_size
+            return max(_required("global_batch_size", self.global_batch_size), world_size)
+        return _required("batch_size", self.batch_size) * world_size
 
     def accumulation_steps(self, world_size: int) -> int:
         """Forward/backward passes per optimizer step."""
         _check_positive("world_size", world_size)
         if self.mode != self.ACCUMULATE:
             return 1
-        return max(1, round(self.global_batch_size / (self.batch_size * world_size)))
+        global_batch = _required("global_batch_size", self.global_batch_size)
+        return max(1, round(global_batch / (_required("batch_size", self.batch_size) * world_size)))
 
     def effective_global_batch(self, world_size: int) -> int:
         """Samples per optimizer step across the world."""
@@ -126,6 +127,13 @@ class BatchPolicy:
                   "base_world_size": self.base_world_size}
         shown = ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
         return f"BatchPolicy({self.mode!r}, {shown})"
+
+
+def _required(name: str, value: int | None) -> int:
+    """``value``, which ``__init__`` checked is set in every mode that reads it."""
+    if value is None:
+        raise ValueError(f"this BatchPolicy's mode needs {name}, which is None")
+    return value
 
 
 def _check_positive(name: str, value: object) -> None:

@@ -60,7 +60,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import IO, Any, Callable, Mapping, cast
 
 import torch
 
@@ -301,7 +301,8 @@ class CheckpointManager:
     def _write_payload(self, path: Path, snapshot: Any) -> tuple[str, int]:
         hasher = _HashingWriter(open(path, "xb"))
         with hasher.file:
-            torch.save({"format": FORMAT, "version": FORMAT_VERSION, "snapshot": snapshot}, hasher)
+            # torch's stub wants a full IO[bytes]; on a buffer torch.save only calls write() and flush()
+            torch.save({"format": FORMAT, "version": FORMAT_VERSION, "snapshot": snapshot}, cast(IO[bytes], hasher))
             delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
             if delay > 0:
                 hasher.file.flush()

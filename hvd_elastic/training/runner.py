@@ -300,10 +300,10 @@ class _Session:
             self.metrics.on_reset_begun(self._pending_reset)
         self._refresh_rank()
         resume_due = self.checkpoints is not None and not self._resumed
-        checking = self._rank == 0 and self.checkpoints is not None
-        with (shared_dir.announced(self.checkpoints.directory, enabled=self._check_shared) if checking
+        checked = self.checkpoints if self._rank == 0 else None  # rank 0 announces the directory it checks
+        with (shared_dir.announced(checked.directory, enabled=self._check_shared) if checked is not None
               else contextlib.nullcontext()) as header:
-            news = {"shared_dir": header} if checking else {}
+            news = {"shared_dir": header} if checked is not None else {}
             if self._rank == 0 and not resume_due:
                 news["metrics"] = self.metrics.carry()
             news = objects.broadcast_object(news, root_rank=0, name="hvd_elastic.before_sync")
@@ -361,18 +361,18 @@ class _Session:
                 self._last_checkpoint_commit = meta["commit_count"]
                 self.metrics.on_checkpoint_started()
         if event == "commit" and self.config.progress_log is not None and self._rank == 0:
-            self._log_progress(fields.get("commit_count"))
+            self._log_progress(self.config.progress_log, fields.get("commit_count"))
         if event != "commit" or self.config.log_commits:
             self._emit(event, **fields)
 
-    def _log_progress(self, commit_count: int | None) -> None:
+    def _log_progress(self, path: str | os.PathLike, commit_count: int | None) -> None:
         values = getattr(self.state, "values", None) or {}
         numbers = {k: v for k, v in values.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         row = {"time": time.time(), "size": hvd.size(), "commit_count": commit_count,
                "step": numbers.pop("step", commit_count), **numbers}
         # One short line per O_APPEND write: whole rows, whichever process is rank 0 now.
-        with open(self.config.progress_log, "a") as f:
+        with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     def _measure(self, event: str, fields: dict) -> None:
@@ -465,7 +465,7 @@ class _Session:
 
 def _sample_position(state) -> int | None:
     """Samples the state's sampler has passed since its epoch 0 (``epoch * num_samples + offset``), or None."""
-    sampler = getattr(state, "sampler", None)
+    sampler: Any = getattr(state, "sampler", None)  # None, or one without these, ends in the except
     try:
         return int(sampler.epoch) * int(sampler.num_samples) + int(sampler.offset)
     except (AttributeError, TypeError, ValueError):

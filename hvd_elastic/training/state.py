@@ -128,6 +128,8 @@ class TrainingState(State):
             commit it.
     """
 
+    _last_updated_timestamp: float  # Horovod's State sets it; its untyped class cannot tell mypy
+
     def __init__(
         self,
         model: torch.nn.Module | None = None,
@@ -271,7 +273,7 @@ class TrainingState(State):
               or not self.__dict__.get("_constructed", False)):
             object.__setattr__(self, name, value)
         else:
-            known = ", ".join(sorted(values)) or "none"
+            known = ", ".join(sorted(values or ())) or "none"  # values is None only before __init__ sets it
             raise AttributeError(
                 f"cannot set {name!r} on TrainingState: it is not one of its values ({known}), so it would never "
                 f"be committed, restored or checkpointed; pass it at construction: TrainingState(..., {name}=...)"
@@ -323,7 +325,7 @@ class TrainingState(State):
         """Return every live object to the last commit."""
         start = time.perf_counter()
         with self.snapshot_lock:
-            buffer, meta = self._buffer, self._meta
+            buffer, meta = self._committed(), self._meta
             done = self._unpack(buffer, range(len(buffer.views)), self._targets(meta))
         self._load(buffer.as_dict(), meta, done=done)
         self._mark_clean()
@@ -422,7 +424,7 @@ class TrainingState(State):
         them before the next commit, or hold :attr:`snapshot_lock` meanwhile.
         """
         with self.snapshot_lock:
-            tensors = self._buffer.as_dict()
+            tensors = self._committed().as_dict()
             if copy:
                 tensors = {k: v.clone() for k, v in tensors.items()}
             meta = self._meta
@@ -494,6 +496,12 @@ class TrainingState(State):
             check_loadable(value, f"state.{name}")
         meta = {"components": metas, "values": values, "policy": dict(self._policy)}
         return named, meta
+
+    def _committed(self) -> FlatBuffer:
+        """The commit buffer, which the constructor's first save made (caller holds the lock)."""
+        if self._buffer is None:
+            raise RuntimeError("TrainingState has nothing committed: its constructor did not finish")
+        return self._buffer
 
     def _buffer_for(self, layout: FlatLayout) -> FlatBuffer:
         """The commit buffer, reallocated when the layout changed (caller holds the lock)."""
@@ -567,7 +575,7 @@ class TrainingState(State):
         return set(keys)
 
     def _load(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], strict: bool = True,
-              done: set[str] = frozenset()) -> None:
+              done: Iterable[str] = frozenset()) -> None:
         """Load committed tensors and small state into the live objects; ``done`` keys are already in place."""
         by_component: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._components}
         for key, tensor in tensors.items():

@@ -79,7 +79,7 @@ import on the first                  ``hvd.init()``; were it no longer lazy, the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import horovod
 import torch
@@ -135,11 +135,13 @@ def forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
     """
     if not hasattr(optimizer, "_handles") or not hasattr(optimizer, "_allreduce_delay"):
         return
-    optimizer._handles = {}
-    optimizer._synchronized = False
-    optimizer._should_synchronize = True
-    for p in optimizer._allreduce_delay:
-        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+    # Horovod builds its optimizer class at run time: these privates have no declared types
+    hvd_optimizer = cast(Any, optimizer)
+    hvd_optimizer._handles = {}
+    hvd_optimizer._synchronized = False
+    hvd_optimizer._should_synchronize = True
+    for p in hvd_optimizer._allreduce_delay:
+        hvd_optimizer._allreduce_delay[p] = hvd_optimizer.backward_passes_per_step
 
 
 def set_last_lr(scheduler: Any, lrs: list[float]) -> None:

@@ -229,6 +229,11 @@ class HostCheck:
 
     def _ask(self, timestamp: float, now: float) -> None:
         self._asked_timestamp, self._asked_at = timestamp, now
+        if self._server is None:  # rank 0 has one; horovodrun gives every rank the same environment
+            log.warning("join ahead: rank 0 asked, but this rank's environment names no elastic rendezvous server "
+                        "(%s, %s, HOROVOD_ELASTIC=1): it will re-initialise the stock way",
+                        rendezvous.ADDR_ENV, rendezvous.PORT_ENV)
+            return
         self._question = Question(self._server, horovod_hostname(), hvd.local_rank(),
                                   hvd.size(), watch=hvd.rank() == 0)
         if hvd.rank() == 0:
@@ -244,7 +249,7 @@ class HostCheck:
                 log.warning("join ahead: the new hosts did not reach their rendezvous within %.0f s (%s); "
                             "re-initialising the stock way", self._deadline_s, _why(question))
             return None
-        if not question.answered.wait(ANSWER_WAIT_S) or question.answer is None:
+        if question is None or not question.answered.wait(ANSWER_WAIT_S) or question.answer is None:
             log.warning("join ahead: no answer from the rendezvous server (%s); re-initialising the stock way",
                         _why(question))
             return None

@@ -95,7 +95,8 @@ def hash_into(table: torch.Tensor, buffer: FlatBuffer, indices: Iterable[int]) -
     table[0, 0] = HAS_STATE
     rows = table.numpy()
     for i in indices:
-        h = xxhash.xxh3_128_intdigest(as_bytes(buffer.span([i])).numpy())
+        # .data: the array's own bytes as a memoryview (numpy's stub declares no buffer protocol before 3.12)
+        h = xxhash.xxh3_128_intdigest(as_bytes(buffer.span([i])).numpy().data)
         # Two's-complement halves: the table is int64, the digest an unsigned 128-bit int.
         rows[1 + i] = (_signed(h >> 64), _signed(h & 0xFFFF_FFFF_FFFF_FFFF))
 
@@ -133,7 +134,7 @@ def plan(tables: torch.Tensor) -> Plan:
     size, rows, _ = tables.shape
     count = rows - 1
     reference = tables[0, 1:]
-    needs = [frozenset()]
+    needs: list[frozenset[int]] = [frozenset()]
     for r in range(1, size):
         if int(tables[r, 0, 0]) != HAS_STATE:
             needs.append(frozenset(range(count)))
@@ -310,6 +311,8 @@ def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Calla
             for k in receivers:
                 splits[k] = bounds[k] - bounds[k - 1]
         elif rank != 0 and step > 0:
+            if before is None:  # only step 0 is posted before anything arrived
+                raise RuntimeError(f"{name}: relay step {step} posted without what step {step - 1} brought")
             # This rank's stripe of the previous piece, straight from what rank 0 sent it.
             mine = before[: _stripe(pieces[step - 1], rank, size).numel()]
             for k in receivers:
