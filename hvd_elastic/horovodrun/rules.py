@@ -282,14 +282,6 @@ def _patch_driver_lifecycle(cls: Any) -> None:
             return original(self, host, slot, addresses, secret_key)
         return register_worker_server
 
-    def start(original):
-        def start(self, num_proc, create_worker_fn):
-            job = _job(self)
-            if job is not None:
-                create_worker_fn = job.workers.wrap(create_worker_fn)  # rule 7 ends one worker alone
-            return original(self, num_proc, create_worker_fn)
-        return start
-
     def stop(original):
         def stop(self, error_message=None):
             original(self, error_message)
@@ -319,8 +311,19 @@ def _patch_driver_lifecycle(cls: Any) -> None:
     _wrap(cls, "_update_host_assignments", _resume_without_survivors)
     _wrap(cls, "stop", stop)
     _wrap(cls, "register_worker_server", register_worker_server)
-    _wrap(cls, "start", start)
+    _wrap(cls, "start", _with_own_events)
     _wrap(cls, "get_results", get_results)
+
+
+def _with_own_events(original):
+    """Rule 7's handle on each worker: an event of its own among those that end it."""
+
+    def start(self, num_proc, create_worker_fn):
+        job = _job(self)
+        if job is not None:
+            create_worker_fn = job.workers.wrap(create_worker_fn)
+        return original(self, num_proc, create_worker_fn)
+    return start
 
 
 def _resume_without_survivors(original):
