@@ -26,7 +26,7 @@ ROOT = Path(hvd_elastic.__file__).parent
 
 #: Lowest first.  What each layer is for:
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
-    "errors gotypes hostnames fds sdnotify",  # leaves: stdlib only
+    "errors gotypes hostnames fds sdnotify procfs",  # leaves: stdlib only
     "envvars",  # reading the environment: booleans, durations, HOROVOD_HOSTNAME
     "consul",  # the one Consul client
     "health",  # the service's health, read and judged: stdlib only, no command line

@@ -19,7 +19,7 @@ shares.
 * :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
 * :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
 * :mod:`.reaper` -- the launcher's side of a lost host: end horovodrun's worker sessions to it,
-  once :mod:`.host_answers` finds it no longer answers; :mod:`.procfs` reads the ``/proc`` facts it needs.
+  once :mod:`.host_answers` finds it no longer answers; :mod:`hvd_elastic.procfs` reads the ``/proc`` facts it needs.
 * :mod:`.token_guard` -- keeps the Consul ACL token off other users' screens (discovery and the doctor).
 
 The imports between these modules form no cycle, not even through an import

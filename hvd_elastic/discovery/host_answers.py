@@ -30,7 +30,7 @@ from __future__ import annotations
 import socket
 import time
 
-from hvd_elastic.discovery import procfs
+from hvd_elastic import procfs
 
 PROBE_S = 2.0  # sshd greets at once; a host that has not within this is not answering
 _GREETING = b"SSH-"

@@ -23,17 +23,7 @@ from __future__ import annotations
 
 import os
 
-
-def stat_fields(pid: int) -> tuple[bytes, list[bytes]]:
-    """``/proc/<pid>/stat`` as (comm, the fields after it: state, ppid, ...); raises OSError/ValueError/IndexError.
-
-    The name is taken between the first `` (`` and the last ``)``: it may hold
-    either itself.
-    """
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    comm, tail = raw.split(b" (", 1)[1].rsplit(b")", 1)
-    return comm, tail.split()
+from hvd_elastic.procfs import stat_fields
 
 
 def proc_stat(pid: int) -> tuple[int, str]:

@@ -43,7 +43,8 @@ import threading
 import time
 
 from hvd_elastic.envvars import env_bool
-from hvd_elastic.discovery import host_answers, procfs
+from hvd_elastic import procfs
+from hvd_elastic.discovery import host_answers
 from hvd_elastic.health import lost
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def _host_of(pid: int) -> str | None:
 def worker_sessions(job_pid: int) -> dict[str, list[int]]:
     """host -> session ids of ``job_pid``'s worker sessions (module docstring)."""
     stats = procfs.all_stats()
-    leaders = {pid for pid in _descendants(job_pid, stats) if stats[pid].sid == pid}
+    leaders = set(procfs.session_leaders(job_pid, stats))
     members: dict[int, list[int]] = {}
     for pid, st in stats.items():
         if st.sid in leaders:
@@ -85,20 +86,6 @@ def worker_sessions(job_pid: int) -> dict[str, list[int]]:
         if host is not None:
             sessions.setdefault(host, []).append(sid)
     return sessions
-
-
-def _descendants(root: int, stats: dict[int, procfs.Stat]) -> set[int]:
-    """Every process below ``root``: a middleman is horovodrun's child, or its forkserver's under the rules."""
-    children: dict[int, list[int]] = {}
-    for pid, st in stats.items():
-        children.setdefault(st.ppid, []).append(pid)
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def end_sessions(sids: list[int]) -> list[int]:

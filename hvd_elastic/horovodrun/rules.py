@@ -109,6 +109,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from hvd_elastic import procfs
 from hvd_elastic.envvars import ConfigError, parse_bool
 from hvd_elastic.horovodrun import READY_SCOPE, RESUMABLE_KEY, SCOPE, WORLD_KEY, slots, startup
 from hvd_elastic.horovodrun.hook import ENV
@@ -409,16 +410,7 @@ def _end_children(grace: float) -> None:
 
 
 def _sessions() -> list[int]:
-    import psutil  # Horovod's own dependency; only loaded on the way out
-
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if os.getsid(child.pid) == child.pid and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return found
+    return procfs.session_leaders(os.getpid(), zombies=False)
 
 
 # -- the registry: rounds --------------------------------------------------------------------------------------

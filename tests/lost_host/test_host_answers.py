@@ -143,17 +143,6 @@ def test_the_reaper_and_its_check_import_without_site_packages():
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
-def test_procfs_reads_this_process_and_its_connections(listener):
-    from hvd_elastic.discovery import procfs
-
-    me = procfs.stat(os.getpid())
-    assert me.ppid == os.getppid() and me.sid == os.getsid(0) and me.state == "R"
-    port, _ = listener
-    with socket.create_connection(("127.0.0.1", port)):
-        assert ("127.0.0.1", port) in procfs.established_peers(os.getpid())
-    assert procfs.stat(2 ** 22 + 1) is None, "a pid that is not there"
-
-
 def test_an_ssh_client_without_a_connection_of_its_own_does_not_answer(tmp_path, session):
     # A ControlMaster's mux client or a ProxyCommand's: no TCP connection to probe.
     proc = session(ssh_link(tmp_path), "-c", "print('up', flush=True); import time; time.sleep(60)")
