@@ -21,7 +21,7 @@ from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cache, cachekey, jobdir
 from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.discovery.settings import explain_failure
-from hvd_elastic.health.variables import FAILURES, health_query, options_from_args
+from hvd_elastic.health.variables import FAILURES, Settings
 from hvd_elastic.options import (
     ConfigError,
     argument_type,
@@ -160,7 +160,8 @@ def run_watch(args: argparse.Namespace) -> int:
                           f"{directory!r} does not exist", 2)
     try:
         config = consul_config(args)
-        options = options_from_args(args)
+        settings = Settings.from_args(args)
+        options = settings.options()
         reap_grace = _reap_grace() if args.job else None
     except ConfigError as exc:
         return explain_failure(args, exc)
@@ -170,7 +171,7 @@ def run_watch(args: argparse.Namespace) -> int:
     key = args.cache_key or fingerprint(args, config, options)
     # A job's own cache is private; an operator's is readable by the users whose jobs read it.
     mode = 0o600 if args.job else 0o644
-    fetch = watch_fetch(config, health_query(args, options), options, args.watch_wait, args.timeout)
+    fetch = watch_fetch(config, settings.health_query(), options, args.watch_wait, args.timeout)
     fetch = _say_why_unanswered(fetch, logging.getLogger("hvd_elastic.discovery.watch"))
     return watch.run(args.cache_file, key, fetch, FAILURES, job=args.job,
                      max_age=cache_max_age(args), mode=mode, reap_grace=reap_grace, metrics_addr=args.metrics_addr)

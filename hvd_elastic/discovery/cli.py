@@ -60,8 +60,7 @@ from hvd_elastic.health.variables import (
     STALE,
     TIMEOUT,
     Variable,
-    health_query,
-    options_from_args,
+    Settings,
 )
 from hvd_elastic.options import (
     ConfigError,
@@ -168,14 +167,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         token_guard.check_discovery(token_flag=bool(args.token))  # before the token is used anywhere
         config = consul_config(args)
-        options = options_from_args(args)
+        settings = Settings.from_args(args)
+        options = settings.options()
     except ConfigError as exc:
         return explain_failure(args, exc)
     if args.cache != "off" and args.cache_file:
         rec = cachecli.operator_cache(args, config, options)
         if rec is not None:
             return fast.emit(rec)
-    query = health_query(args, options)
+    query = settings.health_query()
     try:
         found, decisions = discover(config, query, options, timeout=args.timeout,
                                     first_call_retry=args.first_call_retry)

@@ -56,13 +56,14 @@ def render(decisions: Sequence[hostlib.Decision]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         config = consul_config(args)
-        options = variables.options_from_args(args)
-        entries = read_health(config, variables.health_query(args, options), passing=False, timeout=args.timeout)[0]
+        found = variables.Settings.from_args(args)
+        options, query = found.options(), found.health_query()
+        entries = read_health(config, query, passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
     except variables.FAILURES as exc:
         return settings.explain_failure(args, exc)
     print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
     if not decisions:
-        discovery_cli.warn_if_nothing_matches(args, config, variables.health_query(args, options))
+        discovery_cli.warn_if_nothing_matches(args, config, query)
     sys.stdout.write(render(decisions))
     return 0

@@ -4,15 +4,14 @@
 variable (:mod:`.cli`).  A training worker has no discovery command line but
 follows the same service's health (:mod:`hvd_elastic.training._internal.health_cut`):
 :func:`from_environment` reads the same variables, with the same types, into
-the same typed settings discovery builds from its flags
-(:func:`options_from_args`, :func:`health_query`).  No argparse here.
+the same :class:`Settings` discovery builds from its flags
+(:meth:`Settings.from_args`).  No argparse here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import types
 from collections.abc import Mapping
 
 from hvd_elastic.consul.config import ConsulConfig
@@ -72,6 +71,62 @@ FAILURES = (ConfigError, ConsulError, hostlib.MalformedResponse)
 
 
 @dataclasses.dataclass(frozen=True)
+class Settings:
+    """Discovery's settings in one process, typed: from its flags (:meth:`from_args`, whose defaults are the
+    variables) or, where there is no discovery command line (a worker), from the variables (:meth:`from_env`)."""
+
+    service: str
+    filter: str | None
+    slots_key: str
+    default_slots: int | None
+    max_slots_per_host: int
+    host_name: str
+    timeout: float  # a plain (non-blocking) read's bound
+    first_call_retry: float
+    stale: bool
+    max_stale: float
+    datacenter: str | None
+    tags: tuple[str, ...]
+    exclude: frozenset[str]  # lower-case host names
+    asked: tuple[tuple[str, str], ...]  # (setting, the flag or variable that gave it): service, tags, filter
+
+    @classmethod
+    def from_args(cls, args, environ: Mapping[str, str] | None = None) -> Settings:
+        """From parsed flags (``args`` needs only the attributes; their variables' fallbacks for tags and
+        exclude)."""
+        tags = args.tags if args.tags is not None else env_list(TAGS_ENV, environ)
+        exclude = args.exclude if args.exclude is not None else env_list(EXCLUDE_ENV, environ)
+        asked = (("service", setting(args, "service", "--service")),
+                 ("tags", "--tag" if args.tags is not None else TAGS_ENV),
+                 ("filter", setting(args, "filter", "--filter")))
+        return cls(**{v.dest: getattr(args, v.dest) for v in VARIABLES}, tags=tuple(tags),
+                   exclude=frozenset(h.lower() for h in exclude), asked=asked)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """From the variables alone, as ``hvd-elastic discover`` with no flags would have them; messages name
+        the variable of each setting, set or not (a worker has no flag to name).  Raises ConfigError naming
+        the first bad variable."""
+        environ = os.environ if environ is None else environ
+        values = {v.dest: v.check.read(v.name, v.default, environ) for v in VARIABLES}
+        return cls(**values, tags=tuple(env_list(TAGS_ENV, environ)),
+                   exclude=frozenset(h.lower() for h in env_list(EXCLUDE_ENV, environ)),
+                   asked=(("service", SERVICE.name), ("tags", TAGS_ENV), ("filter", FILTER.name)))
+
+    def options(self) -> hostlib.Options:
+        return hostlib.Options(slots_key=self.slots_key, default_slots=self.default_slots,
+                               max_slots_per_host=self.max_slots_per_host, naming=hostlib.HostNaming(self.host_name),
+                               exclude=self.exclude, tags=self.tags)
+
+    def health_query(self) -> HealthQuery:
+        """The typed health query these settings ask for."""
+        from hvd_elastic.health.query import HealthQuery  # socket, json: not on the cached path
+
+        return HealthQuery(service=self.service, tags=self.tags, filter=self.filter, stale=self.stale,
+                           max_stale=self.max_stale, settings=dict(self.asked))
+
+
+@dataclasses.dataclass(frozen=True)
 class Discovery:
     """Everything a blocking read of the service's health needs, typed."""
 
@@ -82,43 +137,10 @@ class Discovery:
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Discovery:
-    """Discovery's settings from the variables alone, as ``hvd-elastic discover`` with no flags would have them.
+    """Discovery's settings from the variables alone, with the Consul configuration (``CONSUL_*``).
 
     Raises ConfigError naming the first bad variable (and ``CONSUL_*``'s, from :meth:`ConsulConfig.from_env`).
     """
-    environ = os.environ if environ is None else environ
-    values = {v.dest: v.check.read(v.name, v.default, environ) for v in VARIABLES}
-    # Messages name the variable of each setting, set or not: a worker has no flag to name.
-    args = types.SimpleNamespace(**values, tags=None, exclude=None, _env_sources={v.dest: v.name for v in VARIABLES})
-    options = options_from_args(args, environ)
-    config = ConsulConfig.from_env(datacenter=values["datacenter"])
-    return Discovery(config, health_query(args, options), options, values["timeout"])
-
-
-def options_from_args(args, environ: Mapping[str, str] | None = None) -> hostlib.Options:
-    """Discovery options from parsed flags (with their variables' fallbacks); ``args`` needs only attributes."""
-    tags = args.tags if args.tags is not None else env_list(TAGS_ENV, environ)
-    exclude = args.exclude if args.exclude is not None else env_list(EXCLUDE_ENV, environ)
-    return hostlib.Options(
-        slots_key=args.slots_key,
-        default_slots=args.default_slots,
-        max_slots_per_host=args.max_slots_per_host,
-        naming=hostlib.HostNaming(args.host_name),
-        exclude=frozenset(h.lower() for h in exclude),
-        tags=tuple(tags),
-    )
-
-
-def health_query(args, options: hostlib.Options) -> HealthQuery:
-    """The typed health query these settings ask for."""
-    from hvd_elastic.health.query import HealthQuery  # socket, json: not on the cached path
-
-    return HealthQuery(service=args.service, tags=options.tags, filter=args.filter, stale=args.stale,
-                       max_stale=args.max_stale, settings=asked_settings(args))
-
-
-def asked_settings(args) -> dict[str, str]:
-    """The flag or variable that set the service, the tags and the filter, for messages about them."""
-    return {"service": setting(args, "service", "--service"),
-            "tags": "--tag" if args.tags is not None else TAGS_ENV,
-            "filter": setting(args, "filter", "--filter")}
+    found = Settings.from_env(environ)
+    config = ConsulConfig.from_env(datacenter=found.datacenter)
+    return Discovery(config, found.health_query(), found.options(), found.timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -34,12 +35,15 @@ def parsed_flags(monkeypatch, environ: dict[str, str]) -> argparse.Namespace:
 @pytest.mark.parametrize("environ", [{}, ENVIRONMENT], ids=["defaults", "every variable set"])
 def test_a_worker_reads_the_settings_discovery_reads_from_its_flags_defaults(monkeypatch, environ):
     args = parsed_flags(monkeypatch, environ)
-    options = variables.options_from_args(args)
+    from_flags = variables.Settings.from_args(args)
+    # The same settings, whichever way they were read; only the names messages give them differ.
+    assert dataclasses.replace(from_flags, asked=()) == dataclasses.replace(variables.Settings.from_env(), asked=())
+    options = from_flags.options()
     found = variables.from_environment()
     assert found.options == options
     assert found.timeout == args.timeout
     assert found.config == consul_config(args)
-    query = variables.health_query(args, options)
+    query = from_flags.health_query()
     assert (found.query.service, found.query.tags, found.query.filter, found.query.stale, found.query.max_stale) == \
         (query.service, query.tags, query.filter, query.stale, query.max_stale)
     if environ:
