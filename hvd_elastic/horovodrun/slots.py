@@ -44,6 +44,7 @@ log = logging.getLogger("hvd_elastic.horovodrun")
 # world within a poll (50 ms); one still unrecorded after this is stuck or not yet in the rendezvous at all.
 GRACE_S = 5.0
 
+ENDED_EXIT = 128 + 15  # what a worker this module ended exits with: SIGTERM's, as a shell reports it
 Slot = tuple[str, int]  # (host name, local rank), as Horovod's driver keys its workers
 
 
@@ -69,7 +70,13 @@ class Workers:
             with self._lock:
                 self._running[key] = worker
             try:
-                return create_worker_fn(slot_info, [*(events or ()), worker.end])
+                exit_code, timestamp = create_worker_fn(slot_info, [*(events or ()), worker.end])
+                # safe_shell_exec's middleman races its own ending thread for the shell's status: psutil's wait
+                # may reap the shell first, and subprocess then reads the lost status as 0.  A worker ended here
+                # never finished its training; a 0 would read as the job's end.
+                if worker.end.is_set() and exit_code == 0:
+                    exit_code = ENDED_EXIT
+                return exit_code, timestamp
             finally:
                 with self._lock:
                     if self._running.get(key) is worker:

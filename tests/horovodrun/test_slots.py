@@ -90,3 +90,17 @@ def test_nothing_is_ended_once_the_world_is_replaced_no_longer_doomed_or_the_dri
         slots._end_stuck(driver, world, workers, lambda: change != "not doomed", spared)
         assert not got[("a", 0)][-1].is_set() and not spared, change
         workers.end(("a", 0))
+
+
+def test_a_worker_ended_here_never_reads_as_finished():
+    """safe_shell_exec may report 0 for a shell it terminated (its ending thread reaps the shell first)."""
+    workers = slots.Workers()
+    wrapped = workers.wrap(lambda slot_info, events: (0, 1.0))
+    assert wrapped(SimpleNamespace(hostname="a", local_rank=0), []) == (0, 1.0)  # a real finish stays one
+
+    def ended_then_zero(slot_info, events):
+        workers.end((slot_info.hostname, slot_info.local_rank))
+        return 0, 2.0
+
+    wrapped = workers.wrap(ended_then_zero)
+    assert wrapped(SimpleNamespace(hostname="a", local_rank=0), []) == (slots.ENDED_EXIT, 2.0)
