@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers_ledger import Verdict, judge, kept_steps, read_rows, recoveries  # noqa: E402
+from peers_ledger import Verdict, judge, kept_steps, read_rows, recoveries, tip  # noqa: E402
 from testbed import peers  # noqa: E402
 
 KINDS = ("worker-kill", "host-crash", "partition", "freeze", "leave", "join")
@@ -260,10 +260,13 @@ def table(records: list[dict]) -> str:
     for r in records:
         rec = ", ".join(f"{k} {_p50(v['pause'])} / {_p50(v['resize'])}" for k, v in sorted(r["recovery_s"].items()))
         gap = r.get("accuracy_gap")
-        lines.append(f"{r['stack']:<12} {r['faults_injected']:>6} {r['faults_skipped']:>4} "
+        name = r["stack"] + ("" if r.get("finished", True) else "*")
+        lines.append(f"{name:<12} {r['faults_injected']:>6} {r['faults_skipped']:>4} "
                      f"{r.get('goodput', float('nan')):>7.3f} {r['progress_share']:>8.0%} {r['samples_lost']:>5} "
                      f"{r['samples_duplicated']:>5} {r['steps_thrown']:>6} "
                      f"{'-' if gap is None else f'{gap:+.3f}':>7}  {rec}")
+    lines += [f"* {r['stack']}: cut off at --limit unfinished, judged up to its newest step ({r['epochs_done']} "
+              f"epochs complete)" for r in records if not r.get("finished", True)]
     return "\n".join(lines)
 
 
@@ -338,9 +341,11 @@ def main(argv=None) -> int:
             workdir = root / name / label
             run = run_stack(name, args, schedule_, workdir, train_args)
             rows = read_rows(str(workdir / "out"))
-            verdict = judge(rows, run.final.get("chain", -1), samples, epochs if run.final else 0)
+            # A run cut off at --limit is judged up to its newest step, over the epochs it completed.
+            final_chain, judged_epochs = (run.final.get("chain", -1), epochs) if run.final else tip(rows)
+            verdict = judge(rows, final_chain, samples, judged_epochs)
             record = figures(run, rows, verdict, reference)
-            record.update(run=label, seed=args.seed)
+            record.update(run=label, seed=args.seed, finished=bool(run.final), epochs_done=judged_epochs)
             print(f"  {name} {label}: {json.dumps(record)}", flush=True)
             if label == "reference":
                 reference = record
@@ -350,7 +355,8 @@ def main(argv=None) -> int:
                 _write_json(args, records)  # after each stack: a run cut short keeps what it measured
     print(table(records))
     picture(timelines, args.png or args.json.with_suffix(".png"))
-    problems = [r["stack"] for r in records if r["exit_code"] not in (0, None) or r["chain_broken"]]
+    problems = [r["stack"] for r in records
+                if r["exit_code"] not in (0, None) or r["chain_broken"] or not r.get("finished", True)]
     if problems:
         print(f"peers: runs that did not end cleanly: {', '.join(problems)}", file=sys.stderr)
     return 1 if problems else 0

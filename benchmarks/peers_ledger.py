@@ -121,6 +121,15 @@ def judge(rows: list[dict], final_chain: int, samples: int, complete_epochs: int
     return verdict
 
 
+def tip(rows: list[dict]) -> tuple[int, int]:
+    """Where a run cut off unfinished stood: the chain value and epoch of its newest step (nothing after it
+    can have rolled it back), or (-1, 0) with no step at all."""
+    if not rows:
+        return -1, 0
+    newest = max(rows, key=lambda row: row["t"])
+    return newest["chain"], newest["epoch"]
+
+
 def kept_steps(rows: list[dict], kept: set[int]) -> list[tuple[float, int]]:
     """(time, world size) of every kept step, as its first rank wrote it, in time order."""
     first: dict[int, tuple[float, int]] = {}

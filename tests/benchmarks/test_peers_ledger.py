@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from peers_ledger import Writer, judge, kept_chains, kept_steps, link, read_rows, recoveries  # noqa: E402
+from peers_ledger import Writer, judge, kept_chains, kept_steps, link, read_rows, recoveries, tip  # noqa: E402
 
 
 def steps(writer: Writer, chain: int, token: int, first: int, batches: list[list[int]], ranks: int = 2):
@@ -31,6 +31,19 @@ def test_a_rollback_throws_its_steps_away_and_the_retrained_samples_count_once(t
     assert (verdict.steps_kept, verdict.steps_thrown, verdict.lost, verdict.duplicated) == (4, 1, 0, 0)
     assert verdict.unique_samples == 8  # the thrown step's samples are not useful
     assert verdict.broken == ""
+
+
+def test_a_run_cut_off_unfinished_is_judged_from_its_newest_step(tmp_path):
+    writer = Writer(str(tmp_path), "h", "test")
+    committed = steps(writer, 0, 1, 1, [[0, 1], [2, 3]])
+    steps(writer, committed, 1, 3, [[4, 5]])  # rolled back
+    newest = steps(writer, committed, 2, 3, [[4, 5], [6, 7]])  # the job was cut off here, with no final chain
+    rows = read_rows(str(tmp_path))
+    assert tip(rows) == (newest, 0) and tip([]) == (-1, 0)
+    chain, epochs = tip(rows)
+    verdict = judge(rows, chain, samples=8, complete_epochs=epochs)
+    assert (verdict.steps_kept, verdict.steps_thrown, verdict.unique_samples, verdict.broken) == (4, 1, 8, "")
+    assert verdict.epochs == {}  # epoch 0 is not complete: nothing is called lost
 
 
 def test_lost_and_duplicated_samples_and_a_broken_chain_are_counted(tmp_path):
