@@ -254,14 +254,14 @@ def _p50(values: list) -> str:
 
 
 def table(records: list[dict]) -> str:
-    head = (f"{'stack':<12} {'faults':>6} {'skip':>4} {'goodput':>7} {'progress':>8} {'lost':>5} {'dup':>5} "
+    head = (f"{'stack':<14} {'faults':>6} {'skip':>4} {'goodput':>7} {'progress':>8} {'lost':>5} {'dup':>5} "
             f"{'thrown':>6} {'acc gap':>7}  p50 by kind: pause / resize (s)")
     lines = [head]
     for r in records:
         rec = ", ".join(f"{k} {_p50(v['pause'])} / {_p50(v['resize'])}" for k, v in sorted(r["recovery_s"].items()))
         gap = r.get("accuracy_gap")
         name = r["stack"] + ("" if r.get("finished", True) else "*")
-        lines.append(f"{name:<12} {r['faults_injected']:>6} {r['faults_skipped']:>4} "
+        lines.append(f"{name:<14} {r['faults_injected']:>6} {r['faults_skipped']:>4} "
                      f"{r.get('goodput', float('nan')):>7.3f} {r['progress_share']:>8.0%} {r['samples_lost']:>5} "
                      f"{r['samples_duplicated']:>5} {r['steps_thrown']:>6} "
                      f"{'-' if gap is None else f'{gap:+.3f}':>7}  {rec}")
