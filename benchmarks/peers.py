@@ -248,6 +248,16 @@ def figures(run: Run, rows: list[dict], verdict: Verdict, reference: dict | None
     return record
 
 
+def judged(run: Run, rows: list[dict], samples: int, epochs: int, reference: dict | None) -> tuple[dict, Verdict]:
+    """One run's record and verdict from its ledger ``rows``: a finished run from its final chain over all
+    ``epochs``, one cut off at --limit up to its newest step, over the epochs it completed."""
+    final_chain, judged_epochs = (run.final.get("chain", -1), epochs) if run.final else tip(rows)
+    verdict = judge(rows, final_chain, samples, judged_epochs)
+    record = figures(run, rows, verdict, reference)
+    record.update(finished=bool(run.final), epochs_done=judged_epochs)
+    return record, verdict
+
+
 def _p50(values: list) -> str:
     known = [v for v in values if v is not None]
     return f"{statistics.median(known):.1f}" if known else "-"
@@ -341,11 +351,8 @@ def main(argv=None) -> int:
             workdir = root / name / label
             run = run_stack(name, args, schedule_, workdir, train_args)
             rows = read_rows(str(workdir / "out"))
-            # A run cut off at --limit is judged up to its newest step, over the epochs it completed.
-            final_chain, judged_epochs = (run.final.get("chain", -1), epochs) if run.final else tip(rows)
-            verdict = judge(rows, final_chain, samples, judged_epochs)
-            record = figures(run, rows, verdict, reference)
-            record.update(run=label, seed=args.seed, finished=bool(run.final), epochs_done=judged_epochs)
+            record, verdict = judged(run, rows, samples, epochs, reference)
+            record.update(run=label, seed=args.seed)
             print(f"  {name} {label}: {json.dumps(record)}", flush=True)
             if label == "reference":
                 reference = record

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import peers  # noqa: E402
-from peers_ledger import judge, read_rows, tip  # noqa: E402
+from peers_ledger import read_rows  # noqa: E402
 
 
 def logged(log: str, stack: str, what: str) -> dict:
@@ -42,13 +42,11 @@ def rejudge(log: str, workdir: Path, stack: str, samples: int, epochs: int) -> t
     rows = read_rows(str(workdir / stack / "faults" / "out"))
     final_file = workdir / stack / "faults" / "out" / "final.json"
     final = json.loads(final_file.read_text()) if final_file.exists() else {}
-    chain, judged = (final.get("chain", -1), epochs) if final else tip(rows)
     run = peers.Run(stack, faults=faults, start=min(r["t"] for r in rows), exit_code=record["exit_code"],
                     deaths=record["deaths"], final=final)
     run.end = run.start + record["wall_s"]
-    verdict = judge(rows, chain, samples, judged)
-    fresh = peers.figures(run, rows, verdict, reference)
-    fresh.update(run="faults", seed=record["seed"], finished=bool(final), epochs_done=judged,
+    fresh, verdict = peers.judged(run, rows, samples, epochs, reference)
+    fresh.update(run="faults", seed=record["seed"],
                  rejudged="from the ledger by benchmarks/peers_rejudge.py; end = first step + wall time")
     return fresh, run, rows, verdict.kept
 
