@@ -58,6 +58,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, required=True, help="the run's JSON: its records are replaced")
     parser.add_argument("--png", type=Path, default=None, help="the picture (default: next to --json)")
     args = parser.parse_args(argv)
+    for flag, path, what in (("LOG", args.log, "stdout"), ("--json", args.json, "JSON")):
+        if not path.is_file():
+            parser.error(f"{flag} {str(path)!r}: no such file (expected the run's {what})")
+    if not args.workdir.is_dir():
+        parser.error(f"WORKDIR {str(args.workdir)!r}: no such directory (expected the run's --workdir)")
     log = args.log.read_text()
     head = re.search(r"^peers: stacks (.*); \d+ hosts; seed \d+; \d+ faults; (\d+) epochs of (\d+) samples$", log,
                      re.MULTILINE)
