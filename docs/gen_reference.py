@@ -279,15 +279,15 @@ def escape_angles(text: str) -> str:
 
 def cli_page() -> str:
     from hvd_elastic import cli
-    from hvd_elastic.standby import launch
+    from hvd_elastic.commands import exec as launch
 
     lines = [
         "# Command line",
         "",
         "Generated from the parsers `hvd-elastic` itself builds (`hvd_elastic/cli.py` and each command's "
-        "module), with no `HVD_ELASTIC_*` or `CONSUL_*` variable set: a variable that a flag reads changes "
-        "that flag's default (see [environment variables](environment.md)). Exit codes are on "
-        "[their own page](exit-codes.md).",
+        "module in `hvd_elastic/commands/`), with no `HVD_ELASTIC_*` or `CONSUL_*` variable set: a variable "
+        "that a flag reads changes that flag's default (see [environment variables](environment.md)). Exit codes "
+        "are on [their own page](exit-codes.md).",
         "",
     ]
     for command, parser in parsers(cli):
@@ -295,10 +295,10 @@ def cli_page() -> str:
         lines += [f"## `{command}`", ""]
         if name is None:
             lines += [escape_angles(parser.description or ""), "", "| command | what it does |", "|---|---|"]
-            lines += [f"| [`{c}`](#hvd-elastic-{c}) | {cell(what)} |" for c, (_, what) in cli.COMMANDS.items()]
+            lines += [f"| [`{c}`](#hvd-elastic-{c}) | {cell(what)} |" for c, what in cli.COMMANDS.items()]
             lines += ["", "Global options come before the command: `hvd-elastic --log-level DEBUG status`.", ""]
         else:
-            lines += [escape_angles(cli.COMMANDS[name][1][0].upper() + cli.COMMANDS[name][1][1:]) + ".", ""]
+            lines += [escape_angles(cli.COMMANDS[name][0].upper() + cli.COMMANDS[name][1:]) + ".", ""]
         if name == "exec":
             # hvd-elastic exec parses its own argv (stdlib only, every worker start): its --help is this text.
             lines += ["```text", launch.HELP, "```", ""]
@@ -386,12 +386,11 @@ EXIT_CODES: dict[str, list[tuple[str, str]]] = {
 def exit_statements(name: str) -> list[str]:
     """The sentences of a command's module docstring and --help that speak of exit codes."""
     from hvd_elastic import cli
-    from hvd_elastic.standby import launch
+    from hvd_elastic.commands import exec as launch
 
-    module = importlib.import_module(cli.COMMANDS[name][0])
+    module = importlib.import_module(cli.module_name(name))
     texts = [module.__doc__ or "", subparser(cli.build_parser(only=name), name).epilog or ""]
     texts += [launch.HELP] if name == "exec" else []
-    texts += [importlib.import_module("hvd_elastic.demo.command").__doc__ or ""] if name == "demo" else []
     flat = " ".join(" ".join(texts).split())
     return [s for s in re.split(r"(?<=[.;])\s+", flat) if re.search(r"\b[Ee]xit", s)]
 

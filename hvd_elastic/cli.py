@@ -1,6 +1,7 @@
 """The ``hvd-elastic`` command line.
 
-Each subcommand lives in its own module, which provides::
+Each subcommand is one module of :mod:`hvd_elastic.commands`, named after it
+(``node-agent`` is ``hvd_elastic/commands/node_agent.py``), which provides::
 
     def add_arguments(parser: argparse.ArgumentParser) -> None
     def run(args: argparse.Namespace) -> int      # the process exit code
@@ -23,27 +24,33 @@ import sys
 from hvd_elastic import __version__
 from hvd_elastic.options import LOG_LEVELS, env, log_level, one_line_errors
 
-# name -> (module, one-line help).  Order is the order shown by --help.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("hvd_elastic.doctor", "check what this node needs to run elastic training"),
-    "consul-dev": ("hvd_elastic.devagent.cli", "run the Consul-compatible development agent"),
-    "discover": ("hvd_elastic.discovery.cli", "print healthy hosts as host:slots (for horovodrun)"),
-    "node-agent": ("hvd_elastic.nodeagent.cli", "register this node in Consul and keep its health check alive"),
-    "drain": ("hvd_elastic.nodeagent.drain", "put this node's service into maintenance (graceful leave)"),
-    "undrain": ("hvd_elastic.nodeagent.drain", "take this node's service out of maintenance"),
-    "status": ("hvd_elastic.discovery.status", "show the service's nodes, slots, health and what discovery prints"),
-    "standby": ("hvd_elastic.standby.server", "import torch and horovod once, then fork this host's workers fast"),
-    "exec": ("hvd_elastic.standby.launch", "run a worker command through this host's standby (horovodrun's command)"),
-    "launch": ("hvd_elastic.launcher",
-               "run horovodrun, and relaunch it when the job dies (it resumes from its checkpoint)"),
-    "demo": ("hvd_elastic.demo", "run the elastic training demo on an embedded Consul dev agent"),
-    "report": ("hvd_elastic.report.cli", "print a run's membership timeline and summary, and draw its PNG"),
+PACKAGE = "hvd_elastic.commands"
+
+# name -> one-line help; the module is PACKAGE's file of the same name, dashes as underscores.
+# Order is the order shown by --help.
+COMMANDS: dict[str, str] = {
+    "doctor": "check what this node needs to run elastic training",
+    "consul-dev": "run the Consul-compatible development agent",
+    "discover": "print healthy hosts as host:slots (for horovodrun)",
+    "node-agent": "register this node in Consul and keep its health check alive",
+    "drain": "put this node's service into maintenance (graceful leave)",
+    "undrain": "take this node's service out of maintenance",
+    "status": "show the service's nodes, slots, health and what discovery prints",
+    "standby": "import torch and horovod once, then fork this host's workers fast",
+    "exec": "run a worker command through this host's standby (horovodrun's command)",
+    "launch": "run horovodrun, and relaunch it when the job dies (it resumes from its checkpoint)",
+    "demo": "run the elastic training demo on an embedded Consul dev agent",
+    "report": "print a run's membership timeline and summary, and draw its PNG",
 }
 
 
+def module_name(command: str) -> str:
+    """``node-agent`` -> ``hvd_elastic.commands.node_agent``."""
+    return f"{PACKAGE}.{command.replace('-', '_')}"
+
+
 def _load(name: str):
-    module_name, _ = COMMANDS[name]
-    return importlib.import_module(module_name)
+    return importlib.import_module(module_name(name))
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -63,7 +70,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     # A bad global option (HVD_ELASTIC_LOG_LEVEL=trace) still names the subcommand that was run.
     one_line_errors(parser, prog=f"{parser.prog} {only}" if only else None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         one_line_errors(sp)  # bad input: one stderr line naming the value, exit 2 (--help still shows usage)
         if name == only:

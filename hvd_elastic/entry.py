@@ -4,7 +4,7 @@ horovodrun may run ``hvd-elastic discover`` every second for a whole job, so
 that one word is routed to discovery's warm path (:mod:`hvd_elastic.discovery.fast`:
 the job's host cache, read before any flag is parsed) before the command line
 module and its argparse and logging are imported; ``hvd-elastic exec`` (every
-worker start, :mod:`hvd_elastic.standby.launch`) goes straight to the launcher.  Everything else, and a
+worker start, :mod:`hvd_elastic.commands.exec`) goes straight to the launcher.  Everything else, and a
 discovery call the cache cannot answer, goes to :func:`hvd_elastic.cli.main`: this is the only place
 ``hvd-elastic discover`` reads the job's cache, the full command line never looks again.
 """
@@ -23,9 +23,9 @@ def main() -> int:
         if code is not None:
             return code
     if argv[:1] == ["exec"]:  # every worker start: stdlib only, before argparse and logging
-        from hvd_elastic.standby import launch
+        from hvd_elastic.commands import exec as exec_command
 
-        return launch.main(argv[1:])
+        return exec_command.main(argv[1:])
     from hvd_elastic.cli import main as cli_main
 
     return cli_main(argv)

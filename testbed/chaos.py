@@ -27,7 +27,7 @@ Contracts:
   and after some streams of overlapping failures its driver wedges (horovodrun
   alive, no worker left).  The job runs under ``hvd-elastic launch
   --max-restarts relaunches --stall-timeout stall_timeout`` with its event log
-  as the progress file (:mod:`hvd_elastic.launcher`), which relaunches it; the
+  as the progress file (:mod:`hvd_elastic.commands.launch`), which relaunches it; the
   soak logs each relaunch as ``job-died`` or ``job-stuck`` with the reason.
 * **Bounded.** The soak fails (:class:`SoakFailure`, with the job's log tail)
   when the job ends (past ``relaunches``) or no step commits for ``hang_limit``
@@ -484,11 +484,11 @@ class Soak:
         complete = data[: data.rfind(b"\n") + 1]
         self._log = (log_file, self._log[1] + len(complete))
         for line in complete.decode(errors="replace").splitlines():
-            if "hvd_elastic.launcher" in line and "; relaunch " in line:
+            if "hvd_elastic.launch:" in line and "; relaunch " in line:
                 self.counts["job_deaths"] += 1
                 self._launched = time.time()
                 self._act(-1, JOB_STUCK if "stuck" in line else JOB_DIED, "relaunch", None,
-                          line.split("hvd_elastic.launcher: ", 1)[-1])
+                          line.split("hvd_elastic.launch: ", 1)[-1])
 
     def relaunch(self, before_start: Callable[[], object] | None = None) -> None:
         """SIGKILL the whole job and start it again (it resumes from its newest durable checkpoint)."""

@@ -249,7 +249,7 @@ class ElasticCluster:
 
         ``env``: extra variables for horovodrun and so every worker (an off switch to compare, say).
         ``max_restarts``: run horovodrun under ``hvd-elastic launch --max-restarts N``, which relaunches a
-        job that died (:mod:`hvd_elastic.launcher`); with ``stall_timeout``, also one whose event log has
+        job that died (:mod:`hvd_elastic.commands.launch`); with ``stall_timeout``, also one whose event log has
         not changed for that many seconds.
 
         Hosts come from Consul through ``discovery/consul_hosts``, or, with

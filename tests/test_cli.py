@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hvd_elastic import __version__
-from hvd_elastic.cli import COMMANDS
-from hvd_elastic.doctor import parse_check_build
+from hvd_elastic.cli import COMMANDS, module_name
+from hvd_elastic.commands.doctor import parse_check_build
 
 HVD_ELASTIC = [sys.executable, "-m", "hvd_elastic.cli"]
 
@@ -44,6 +46,18 @@ def test_every_subcommand_has_help(command):
     out = hvd_elastic(command, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: hvd-elastic {command}")
+
+
+def test_the_registry_maps_one_to_one_to_the_command_modules():
+    """Each subcommand is ``hvd_elastic/commands/<name>.py`` and each public module there is a subcommand."""
+    import hvd_elastic.commands
+
+    folder = Path(hvd_elastic.commands.__file__).parent
+    modules = {path.stem for path in folder.glob("*.py") if not path.stem.startswith("_")}
+    assert modules == {name.replace("-", "_") for name in COMMANDS}
+    for name in COMMANDS:
+        module = importlib.import_module(module_name(name))
+        assert callable(module.add_arguments) and callable(module.run), name
 
 
 def test_unknown_option_is_a_usage_error():

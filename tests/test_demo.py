@@ -222,15 +222,15 @@ def test_status_line_on_a_terminal_only(tmp_path):
     ("auto", None, "consul"), ("auto", "no binary", "dev"), ("dev", None, "dev"), ("consul", None, "consul"),
 ])
 def test_consul_choice(monkeypatch, choice, reason, kind):
-    from hvd_elastic.demo import command
+    from hvd_elastic.demo import scenario as command
 
     monkeypatch.setattr(command, "unavailable_reason", lambda: reason)
-    assert command._consul_kind(choice) == kind
+    assert command.consul_kind(choice) == kind
 
 
 def test_consul_consul_without_the_binary_is_refused_naming_why(monkeypatch):
-    from hvd_elastic.demo import command
+    from hvd_elastic.demo import scenario as command
 
     monkeypatch.setattr(command, "unavailable_reason", lambda: "no real Consul at .venv/bin/consul")
     with pytest.raises(ValueError, match="--consul consul: no real Consul at .venv/bin/consul"):
-        command._consul_kind("consul")
+        command.consul_kind("consul")

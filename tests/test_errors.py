@@ -23,7 +23,7 @@ CONTROL_FLOW = {
     "consul.transport.InvalidHeader", "consul.transport.BadAnswer", "devagent.httpserver._BadRequest",
     "devagent.errors.HTTPError", "devagent.bexpr.FilterError", "devagent.checks.StatusError",
     "devagent.decode.DecodeError", "discovery.cache.CacheInvalid", "nodeagent.loop.Refused",
-    "standby.launch.Fallback", "training.checkpoint._Invalid", "training._internal.join_ahead.JoinInterrupt",
+    "commands.exec.Fallback", "training.checkpoint._Invalid", "training._internal.join_ahead.JoinInterrupt",
 }
 
 

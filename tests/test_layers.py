@@ -34,7 +34,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "discovery standby devagent training",  # the roles: each on the layers below, never on each other
     "nodeagent local",  # the node agent (starts through a standby); local clusters of dev agents
     "report",  # reading a job's evidence
-    "doctor demo launcher cli",  # the commands that span roles, and the registry of subcommands
+    "demo",  # the demo's scenario and training job, on the local clusters
+    "commands cli",  # one module per subcommand, and their registry
     "entry",  # the command's top: answers discovery's warm path before loading the registry
 ))
 

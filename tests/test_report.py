@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.report.cli import make_report
+from hvd_elastic.report.summary import make_report
 from hvd_elastic.report.plot import SIZE_PX
 from hvd_elastic.report.runlog import read_run
 from hvd_elastic.report.timeline import build

@@ -35,7 +35,8 @@ WHEEL_CACHE = Path(os.environ.get("HVD_ELASTIC_WHEEL_CACHE", Path.home() / ".cac
 # last build would still be packed from there (and the build must not write into the checkout).
 NOT_SOURCES = {".git", ".venv", "build", "dist", ".pytest_cache"}
 #: What the demo and ``hvd-elastic report`` run on, so the wheel must carry it.
-PRODUCT_MODULES = ("hvd_elastic/demo/command.py", "hvd_elastic/demo/train.py", "hvd_elastic/report/cli.py",
+PRODUCT_MODULES = ("hvd_elastic/commands/demo.py", "hvd_elastic/demo/scenario.py", "hvd_elastic/demo/train.py",
+                   "hvd_elastic/commands/report.py", "hvd_elastic/report/summary.py",
                    "hvd_elastic/report/ledger.py", "hvd_elastic/report/evidence.py", "hvd_elastic/report/jsonlines.py",
                    "hvd_elastic/local/env.py", "hvd_elastic/local/job.py", "hvd_elastic/local/realconsul.py",
                    "hvd_elastic/local/ports.py")

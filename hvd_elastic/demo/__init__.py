@@ -1,9 +1,6 @@
-"""The elastic demo: ``hvd-elastic demo`` (:mod:`.command`) and the job it trains (:mod:`.train`).
+"""The elastic demo's parts: the job it trains (:mod:`.train`) and what it puts that job through (:mod:`.scenario`).
 
-:mod:`.schedule` parses and checks the event schedule, :mod:`.live` draws the
-terminal's status line, :mod:`.digits` is the data set and its fixed split.
+``hvd-elastic demo`` is :mod:`hvd_elastic.commands.demo`.  :mod:`.schedule`
+parses and checks the event schedule, :mod:`.live` draws the terminal's status
+line, :mod:`.digits` is the data set and its fixed split.
 """
-
-from .command import add_arguments, run
-
-__all__ = ["add_arguments", "run"]

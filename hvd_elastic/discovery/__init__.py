@@ -14,10 +14,6 @@ shares.
 * :mod:`.fast` -- the warm path: answer from the job's cache before parsing flags.
 * :mod:`.watch` -- the watcher: keeps a cache fresh from one blocking query (:mod:`hvd_elastic.health.watch`).
 * :mod:`.watch_metrics` -- the watcher's Prometheus metrics.
-* :mod:`.settings` -- how the commands report a failure to get or use their settings.
-* :mod:`.cachecli` -- the cache's flags, which cache a call may print, starting watchers.
-* :mod:`.cli` -- ``hvd-elastic discover`` and ``discovery/consul_hosts``.
-* :mod:`.status` -- ``hvd-elastic status``: what Consul holds and what discovery prints from it.
 * :mod:`.reaper` -- the launcher's side of a lost host: end horovodrun's worker sessions to it,
   once :mod:`.host_answers` finds it no longer answers; :mod:`hvd_elastic.procfs` reads the ``/proc`` facts it needs.
 * :mod:`.token_guard` -- keeps the Consul ACL token off other users' screens (discovery and the doctor).
@@ -26,5 +22,7 @@ The imports between these modules form no cycle, not even through an import
 inside a function (``tests/discovery/test_import_cycles.py`` walks them all):
 the warm path never imports the full one, the command's top
 (:mod:`hvd_elastic.entry`, ``discovery/consul_hosts``) hands a call the cache
-cannot answer to :mod:`.cli`.
+cannot answer to the full command, :mod:`hvd_elastic.commands.discover`
+(``hvd-elastic discover`` and ``discovery/consul_hosts``);
+:mod:`hvd_elastic.commands.status` is ``hvd-elastic status``.
 """

@@ -2,7 +2,7 @@
 
 The job's cache is found by the raw command line and environment
 (:mod:`.cachekey`).  The first call of a job (or any call that finds no usable
-cache) takes the full path in :mod:`.cli`, which queries Consul directly and
+cache) takes the full path in :mod:`hvd_elastic.commands.discover`, which queries Consul directly and
 starts the job's watcher for this key (:mod:`.watch`); the command's top
 (:mod:`hvd_elastic.entry`, ``discovery/consul_hosts``) hands over to it when
 :func:`answer` finds nothing, so nothing here imports the full path.

@@ -1,7 +1,7 @@
 """Discovery's settings that variables give: one table for the flags' defaults and for a worker's reading.
 
 ``hvd-elastic discover`` takes each of them as a flag whose default is the
-variable (:mod:`.cli`).  A training worker has no discovery command line but
+variable (:mod:`hvd_elastic.commands.discover`).  A training worker has no discovery command line but
 follows the same service's health (:mod:`hvd_elastic.training._internal.health_cut`):
 :func:`from_environment` reads the same variables, with the same types, into
 the same :class:`Settings` discovery builds from its flags

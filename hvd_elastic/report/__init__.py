@@ -19,8 +19,9 @@ A run directory holds (names relative to it; only the first is required):
 
 Modules: :mod:`.runlog` reads the files (tolerating a run still being
 written), :mod:`.timeline` turns them into membership changes with their
-recovery times and rolled-back steps, :mod:`.plot` draws the PNG, :mod:`.cli`
-is the command; :mod:`.evidence` writes the per-sample evidence (in training
-processes), :mod:`.ledger` judges it, :mod:`.jsonlines` reads JSON-lines files
-still being appended to.
+recovery times and rolled-back steps, :mod:`.plot` draws the PNG,
+:mod:`.summary` puts them together (``hvd-elastic report`` is
+:mod:`hvd_elastic.commands.report`); :mod:`.evidence` writes the per-sample
+evidence (in training processes), :mod:`.ledger` judges it, :mod:`.jsonlines`
+reads JSON-lines files still being appended to.
 """

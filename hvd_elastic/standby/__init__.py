@@ -3,9 +3,9 @@
 Horovod's driver starts a joining worker only after every survivor has stopped
 at its commit, so the survivors wait through the newcomer's ssh, interpreter
 start, ``import torch, horovod`` and the script's own imports.  A standby
-(:mod:`.server`, ``hvd-elastic standby``) pays for those imports once, ahead
+(:mod:`.server`, ``hvd-elastic standby``: :mod:`hvd_elastic.commands.standby`) pays for those imports once, ahead
 of time, and waits on a per-user Unix socket; the worker command horovodrun
-runs becomes ``hvd-elastic exec -- python train.py ...`` (:mod:`.launch`,
+runs becomes ``hvd-elastic exec -- python train.py ...`` (:mod:`hvd_elastic.commands.exec`,
 stdlib only), which hands its argv, environment, working directory and stdio
 to the standby.  The standby forks; the child (:mod:`.child`) becomes the
 worker, running the script as ``__main__``.  The launcher relays signals and

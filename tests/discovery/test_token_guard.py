@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from consul_testing import clean_env, consul_request, register, run_discovery
 
-from hvd_elastic import doctor
+from hvd_elastic.commands import doctor
 from hvd_elastic.cli import build_parser
 from hvd_elastic.consul.config import ConfigError
 from hvd_elastic.devagent import DevCluster

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hvd_elastic.discovery import cli
+from hvd_elastic.commands import discover as cli
 from hvd_elastic.health import variables
 from hvd_elastic.envvars import ConfigError
 from hvd_elastic.options import consul_config

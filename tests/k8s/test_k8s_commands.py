@@ -323,7 +323,8 @@ def test_the_worker_command_goes_through_the_standby_the_pods_run_and_gate_on(la
     from horovod.runner import launch as horovod_launch
     from horovod.runner.common.util.env import is_exportable
 
-    from hvd_elastic.standby import launch, protocol
+    from hvd_elastic.commands import exec as launch
+    from hvd_elastic.standby import protocol
 
     pod, container, cmd = launcher
     monkeypatch.setattr(sys, "argv", ["horovodrun", *cmd.argv[1:]])
@@ -418,7 +419,8 @@ def test_the_default_preload_is_the_example_scripts_heavy_imports():
     import ast
 
     from hvd_elastic import _LAZY
-    from hvd_elastic.standby.server import BASE_MODULES, _modules
+    from hvd_elastic.commands.standby import _modules
+    from hvd_elastic.standby.server import BASE_MODULES
 
     tree = ast.parse((REPO / "examples" / "train_elastic.py").read_text())
     optional = {id(node) for handler in ast.walk(tree) if isinstance(handler, ast.Try)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hvd_elastic.nodeagent.cli import byte_size, deregister_after, meta_item
+from hvd_elastic.commands.node_agent import byte_size, deregister_after, meta_item
 from hvd_elastic.nodeagent.probes import (
     CRITICAL,
     PASSING,

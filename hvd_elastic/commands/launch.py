@@ -51,7 +51,7 @@ from pathlib import Path
 
 from hvd_elastic.options import command_name, fail, non_negative_seconds
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hvd_elastic.launch")
 
 ATTEMPT_ENV = "HVD_ELASTIC_LAUNCH_ATTEMPT"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

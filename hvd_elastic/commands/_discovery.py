@@ -1,7 +1,9 @@
-"""The host cache's command-line side: its flags, which cache a call may print, and the watchers.
+"""What ``hvd-elastic discover`` and ``status`` share: the host cache's flags and watchers, and failures.
 
-:mod:`.cli` calls in here; the file format is :mod:`.cache`, its key and
-neighbouring files :mod:`.cachekey`, the blocking-query loop :mod:`.watch`.
+:mod:`.discover` calls in here; the file format is
+:mod:`hvd_elastic.discovery.cache`, its key and neighbouring files
+:mod:`hvd_elastic.discovery.cachekey`, the blocking-query loop
+:mod:`hvd_elastic.discovery.watch`.
 
 * :func:`start_job_watcher` -- after a direct query, start the job's watcher
   for this command line (only under horovodrun with ``--cache auto``, never
@@ -9,6 +11,8 @@ neighbouring files :mod:`.cachekey`, the blocking-query loop :mod:`.watch`.
 * :func:`operator_cache` -- an operator's ``--cache-file``, printed only when
   fresh and written for the same settings (:func:`fingerprint`).
 * :func:`run_watch` -- ``--watch``: the watcher process itself.
+* :func:`explain_failure` -- one stderr line and the exit code for a failure to
+  get or use discovery's settings (:data:`hvd_elastic.health.variables.FAILURES`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import sys
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.discovery import cache, cachekey, jobdir
 from hvd_elastic.health import hosts as hostlib
-from hvd_elastic.discovery.settings import explain_failure
 from hvd_elastic.health.variables import FAILURES, Settings
 from hvd_elastic.options import (
     ConfigError,
@@ -29,6 +32,7 @@ from hvd_elastic.options import (
     consul_config,
     env,
     fail,
+    explain_failure as options_explain,
     positive_seconds,
     setting,
 )
@@ -125,7 +129,8 @@ def operator_cache(args: argparse.Namespace, config: ConsulConfig, options: host
 def start_job_watcher(args: argparse.Namespace, config: ConsulConfig, command: list[str]) -> None:
     """Start the job's watcher for this command line unless it runs (or this is no job's call).
 
-    ``command`` runs discovery's command line with the arguments that follow (:func:`.cli.watcher_command`).
+    ``command`` runs discovery's command line with the arguments that follow
+    (:func:`.discover.watcher_command`).
     """
     if args.cache == "off" or args.cache_file or sys.stdout.isatty():
         return  # off, an operator's cache, or a person at a terminal: no background process
@@ -207,3 +212,10 @@ def _reap_grace() -> float | None:
     from hvd_elastic.health import lost
 
     return lost.grace_from_env() if reaper.enabled() else None
+
+
+def explain_failure(args: argparse.Namespace, exc: Exception) -> int:
+    """Print one stderr line for a failure in :data:`hvd_elastic.health.variables.FAILURES`; return the exit code."""
+    if isinstance(exc, hostlib.MalformedResponse):
+        exc = hostlib.MalformedResponse(f"Consul's answer for service {args.service!r} is malformed: {exc}")
+    return options_explain(command_name(args), exc)

@@ -155,7 +155,7 @@ def test_a_stale_standby_is_not_used_and_restarts_itself_on_the_new_code(tmp_pat
 
 def test_another_launchers_code_is_refused_by_fingerprint(standby, tmp_path, monkeypatch):
     """A standby whose fingerprint differs from the launcher's (an upgrade since it started) is not used."""
-    from hvd_elastic.standby import launch
+    from hvd_elastic.commands import exec as launch
 
     monkeypatch.setenv(protocol.DIR_ENV, standby.env[protocol.DIR_ENV])
     monkeypatch.setattr(protocol, "fingerprint", lambda: "1-newer")

@@ -14,8 +14,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hvd_elastic.discovery import cachecli, settings
-from hvd_elastic.discovery import cli as discovery_cli
+from hvd_elastic.commands import _discovery
+from hvd_elastic.commands import discover as discovery_cli
 from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.health import variables
 from hvd_elastic.health.query import read_health
@@ -27,7 +27,7 @@ COLUMNS = ("HOST", "NODE", "SERVICE ID", "SLOTS", "HEALTH", "DISCOVERY")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Discovery's flags, less the host cache's: status always asks Consul, so those are refused."""
     discovery_cli.add_arguments(parser, cache=False)
-    for flag in cachecli.cache_flags():
+    for flag in _discovery.cache_flags():
         # Refused by name, not left to argparse: "unrecognized arguments" would not say why.
         parser.add_argument(flag, nargs="?", action=_CacheFlag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         entries = read_health(config, query, passing=False, timeout=args.timeout)[0]
         decisions = hostlib.evaluate(entries, options)
     except variables.FAILURES as exc:
-        return settings.explain_failure(args, exc)
+        return _discovery.explain_failure(args, exc)
     print(f"service {args.service!r} at {config.base_url}: {len(decisions)} instances")
     if not decisions:
         discovery_cli.warn_if_nothing_matches(args, config, query)

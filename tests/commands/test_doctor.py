@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hvd_elastic import doctor
+from hvd_elastic.commands import doctor
 from hvd_elastic.cli import build_parser
 from hvd_elastic.devagent import DevCluster
 from testbed import REPO

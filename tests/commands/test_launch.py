@@ -1,4 +1,4 @@
-"""``hvd-elastic launch``: horovodrun relaunched when the job dies (:mod:`hvd_elastic.launcher`), on a real process."""
+"""``hvd-elastic launch`` (:mod:`hvd_elastic.commands.launch`): horovodrun relaunched when the job dies."""
 
 from __future__ import annotations
 

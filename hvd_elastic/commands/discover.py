@@ -20,7 +20,7 @@ count that is no positive integer or exceeds ``--max-slots-per-host``) are
 dropped with a warning on stderr.
 
 Host cache (``--cache auto``, the default; flags and watchers in
-:mod:`.cachecli`): a call answers from the job's cache file when it is fresh
+:mod:`._discovery`): a call answers from the job's cache file when it is fresh
 (:mod:`.fast`, before any flag is parsed; :mod:`.cachekey`, :mod:`.cache`); otherwise it
 queries Consul directly as below and, when horovodrun runs it (``--cache on``:
 any parent process) and stdout is no terminal, starts the job's watcher
@@ -43,10 +43,10 @@ import argparse
 import sys
 
 from hvd_elastic.consul.config import ConsulConfig
-from hvd_elastic.discovery import cachecli, cachekey, fast, token_guard
+from hvd_elastic.commands import _discovery
+from hvd_elastic.discovery import cachekey, fast, token_guard
 from hvd_elastic.health import hosts as hostlib
 from hvd_elastic.discovery.firstcall import FirstCall
-from hvd_elastic.discovery.settings import explain_failure
 from hvd_elastic.health.variables import (
     DEFAULT_SLOTS,
     FAILURES,
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser, cache: bool = True) -> None:
                              "default %(default)s)")
     add_consul_arguments(parser)
     if cache:
-        cachecli.add_cache_arguments(parser)
+        _discovery.add_cache_arguments(parser)
 
 
 def discover(config: ConsulConfig, query: HealthQuery, options: hostlib.Options, *, timeout: float,
@@ -163,16 +163,16 @@ def warn_if_nothing_matches(args: argparse.Namespace, config: ConsulConfig, quer
 def run(args: argparse.Namespace) -> int:
     """Discovery once its flags are parsed; the command's top found no fresh job cache (:func:`.fast.answer`)."""
     if args.watch:
-        return cachecli.run_watch(args)
+        return _discovery.run_watch(args)
     try:
         token_guard.check_discovery(token_flag=bool(args.token))  # before the token is used anywhere
         config = consul_config(args)
         settings = Settings.from_args(args)
         options = settings.options()
     except ConfigError as exc:
-        return explain_failure(args, exc)
+        return _discovery.explain_failure(args, exc)
     if args.cache != "off" and args.cache_file:
-        rec = cachecli.operator_cache(args, config, options)
+        rec = _discovery.operator_cache(args, config, options)
         if rec is not None:
             return fast.emit(rec)
     query = settings.health_query()
@@ -180,9 +180,9 @@ def run(args: argparse.Namespace) -> int:
         found, decisions = discover(config, query, options, timeout=args.timeout,
                                     first_call_retry=args.first_call_retry)
     except FAILURES as exc:
-        code = explain_failure(args, exc)
+        code = _discovery.explain_failure(args, exc)
         if code == 1:
-            cachecli.start_job_watcher(args, config, watcher_command())
+            _discovery.start_job_watcher(args, config, watcher_command())
         return code
     warn_dropped(decisions)
     if not decisions:
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     # One write of the complete list: a reader never sees a partial one.
     sys.stdout.write(hostlib.format_hosts(found))
     sys.stdout.flush()
-    cachecli.start_job_watcher(args, config, watcher_command())
+    _discovery.start_job_watcher(args, config, watcher_command())
     return 0
 
 
@@ -206,7 +206,7 @@ def watcher_command() -> list[str]:
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(hvd_elastic.__file__)))
     boot = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-            "from hvd_elastic.discovery.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from hvd_elastic.commands.discover import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-I", "-S", "-c", boot, package_parent]
 
 

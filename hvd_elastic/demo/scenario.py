@@ -1,4 +1,4 @@
-"""``hvd-elastic demo``: one elastic training job put through every kind of membership event, then judged.
+"""The demo's scenario: one elastic training job put through every kind of membership event, then judged.
 
 Everything runs on this machine, the way ``consul agent -dev`` runs Consul:
 
@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,17 +47,7 @@ from hvd_elastic.horovodrun.rules import COOLDOWN
 from hvd_elastic.local.env import CONSUL_HOSTS, HVD_ELASTIC, child_env
 from hvd_elastic.local.job import MARK_ENV, Job, JobError, horovodrun_elastic, start_node_agent, wait_until
 from hvd_elastic.local.realconsul import CONSUL, consul_cluster, unavailable_reason
-from hvd_elastic.nodeagent.cli import ttl_seconds  # the node agents' own rule: they get this TTL
 from hvd_elastic.nodeagent.standby import standby_state
-from hvd_elastic.options import (
-    command_name,
-    fail,
-    non_negative_seconds,
-    positive_int,
-    positive_number,
-    positive_seconds,
-)
-from hvd_elastic.report.jsonlines import JsonLines
 
 from . import schedule
 from .digits import read_result, steps_per_epoch
@@ -79,71 +68,7 @@ class DemoFailed(HvdElasticError, RuntimeError):
     pass
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", help="the run directory: checkpoints, logs, report (default: a new temporary one)")
-    parser.add_argument("--events", default=schedule.DEFAULT,
-                        help=f"comma-separated ACTION[:HOST] schedule, actions {', '.join(schedule.ACTIONS)} "
-                             f"(default %(default)s)")
-    parser.add_argument("--spare-host", help="name of the node the 'add' event brings in; it must resolve to an "
-                                             "address of this machine (default this machine's host name)")
-    parser.add_argument("--epochs", type=positive_int, default=6, help="training epochs (default %(default)s)")
-    parser.add_argument("--phase-steps", type=positive_int, default=8,
-                        help="steps to train at each new world size before the next event (default %(default)s)")
-    parser.add_argument("--step-delay", type=non_negative_seconds, default=0.1,
-                        help="seconds each step waits until the last event is done (default %(default)s)")
-    parser.add_argument("--checkpoint-every", type=positive_int, default=10,
-                        help="commits between durable checkpoints (default %(default)s)")
-    parser.add_argument("--ttl", type=ttl_seconds, default=4.0,
-                        help="node agents' TTL check, seconds: how soon a silent node drops (default %(default)s)")
-    parser.add_argument("--accuracy-tolerance", type=positive_number, default=0.03,
-                        help="largest accepted gap between elastic and uninterrupted test accuracy "
-                             "(default %(default)s)")
-    parser.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
-                        help="start workers from a warm standby (hvd-elastic standby), so a join does not stop the "
-                             "survivors for the newcomer's imports; --no-standby starts them directly (default on)")
-    parser.add_argument("--consul", choices=("auto", "dev", "consul"), default="auto",
-                        help="what the nodes register in: HashiCorp Consul agents (a server and a client agent per "
-                             "node, the binary bootstrap fetched), the embedded dev agent, or auto: HashiCorp's when "
-                             "its binary is there, else the dev agent (default %(default)s)")
-    parser.add_argument("--timeout", type=positive_seconds, default=180.0,
-                        help="seconds each phase may take before the demo gives up (default %(default)s)")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        spare = _spare_host(args.spare_host)
-        events = schedule.plan(schedule.parse(args.events), list(START_HOSTS), [spare] if spare else [], MIN_NP)
-        _check_budget(events, args)
-        consul = _consul_kind(args.consul)
-    except (schedule.ScheduleError, ValueError) as exc:
-        return fail(command_name(args), exc, 2)
-    # The dev agent's per-node start/stop lines would interleave with the demo's own story.
-    logging.getLogger("hvd_elastic.devagent").setLevel(max(logging.WARNING, logging.getLogger().level))
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hvd-elastic-demo."))
-    workdir.mkdir(parents=True, exist_ok=True)
-    progress = JsonLines(workdir / "progress.jsonl")
-    console = Console(progress)
-    console.say(f"run directory {workdir}")
-    start = time.monotonic()
-    # SIGTERM unwinds like Ctrl-C, so every process the demo started is ended (hvd-elastic exits 130).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        run_demo(args, workdir, events, [spare] if spare else [], console, consul)
-        passed = _summary(args, workdir, console)
-    except DemoFailed as exc:
-        console.say(f"FAILED: {exc}")
-        return fail(command_name(args), f"FAILED: {exc}", 1)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    console.say(f"demo {'OK' if passed else 'FAILED'} in {time.monotonic() - start:.0f} s")
-    return 0 if passed else 1
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _spare_host(name: str | None) -> str | None:
+def spare_host(name: str | None) -> str | None:
     """The 'add' event's node: ``name``, else this machine's host name; None when no usable name exists."""
     candidate = name or socket.gethostname()
     local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
@@ -159,7 +84,7 @@ def _spare_host(name: str | None) -> str | None:
     return candidate if usable else None
 
 
-def _check_budget(events: list[schedule.Event], args: argparse.Namespace) -> None:
+def check_budget(events: list[schedule.Event], args: argparse.Namespace) -> None:
     """Refuse a schedule that needs more steps than training has (it would finish mid-schedule).
 
     Each phase trains --phase-steps steps, and training goes on at the old size while an event
@@ -337,7 +262,7 @@ def _stop_gracefully(agent: Job) -> None:
         agent.stop(timeout=10)
 
 
-def _consul_kind(choice: str) -> str:
+def consul_kind(choice: str) -> str:
     """The Consul ``--consul`` names: "consul" or "dev"; ValueError when HashiCorp's was asked for and cannot run."""
     reason = unavailable_reason()
     if choice == "consul" and reason:
@@ -345,9 +270,27 @@ def _consul_kind(choice: str) -> str:
     return "dev" if choice == "dev" or (choice == "auto" and reason) else "consul"
 
 
-def run_demo(args, workdir: Path, events: list[schedule.Event], spares: list[str], console: Console,
-             consul: str = "dev") -> None:
-    """Start everything, work through ``events``, wait for the end; everything started is ended on every path."""
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the demo will do, checked before anything starts."""
+
+    events: list[schedule.Event]
+    spares: list[str]  # the nodes the 'add' events bring in
+    consul: str  # "consul" (HashiCorp's agents) or "dev"
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """The flags' plan; raises ScheduleError or ValueError, naming the flag, for one that cannot work."""
+    spare = spare_host(args.spare_host)
+    spares = [spare] if spare else []
+    events = schedule.plan(schedule.parse(args.events), list(START_HOSTS), spares, MIN_NP)
+    check_budget(events, args)
+    return Plan(events, spares, consul_kind(args.consul))
+
+
+def run_demo(args, workdir: Path, plan: Plan, console: Console) -> None:
+    """Start everything, work through the plan's events, wait for the end; everything started is ended on every path."""
+    events, spares, consul = plan.events, plan.spares, plan.consul
     # The ExitStack ends everything the demo started, last started first: jobs, then node agents
     # (gracefully, then for sure), then the reference run; Consul last.
     with consul_cluster(consul, [*START_HOSTS, *spares]) as cluster, contextlib.ExitStack() as cleanup:
@@ -408,9 +351,9 @@ def _wait_discovered(env: dict[str, str], expected: list[str], timeout: float) -
 # ------------------------------------------------------------------ the verdict
 
 
-def _summary(args, workdir: Path, console: Console) -> bool:
+def summary(args, workdir: Path, console: Console) -> bool:
     """Print the report, the checks and the files; True when every check holds."""
-    from hvd_elastic.report.cli import draw_png, make_report
+    from hvd_elastic.report.summary import draw_png, make_report
 
     report = make_report(workdir)
     png = draw_png(report)

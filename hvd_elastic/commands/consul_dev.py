@@ -11,7 +11,7 @@ import tempfile
 from hvd_elastic.consul.config import read_token_file
 from hvd_elastic.options import command_name, fail, non_negative_seconds, positive_seconds, stop_on_signals
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hvd_elastic.devagent")
 
 EPILOG = """\
 Each node gets its own agent HTTP port: --nodes gpu-a,gpu-b --http-port 8500 serves
@@ -107,7 +107,7 @@ def write_ready_file(path: str, addresses: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cluster import DevCluster
+    from hvd_elastic.devagent.cluster import DevCluster
 
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
     try:
