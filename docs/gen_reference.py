@@ -449,6 +449,7 @@ def metrics_page() -> str:
 
     job = JobMetrics()
     job.on_checkpoint(True, 1.0, 5)  # the checkpoint gauges appear once one was written
+    job.on_pace({"gpu-a": 1.0}, 0)  # a host's speed appears once a straggler window closed
     job_registry = CollectorRegistry()
     job_registry.register(job)
     node = NodeAgentMetrics()

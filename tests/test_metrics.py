@@ -156,3 +156,17 @@ def test_bad_metrics_address_the_job_still_trains(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "trained 5", result.stderr
     errors = [line for line in result.stderr.splitlines() if "metrics are off" in line]
     assert len(errors) == 1 and taken in errors[0] and "in use" in errors[0], result.stderr
+
+
+def test_each_hosts_relative_speed_is_the_last_windows_and_stragglers_are_counted():
+    m = JobMetrics()
+    m.on_pace({"gpu-a": 1.0, "gpu-b": 0.98, "gpu-c": 0.33}, 0)
+    m.on_pace({"gpu-a": 1.02, "gpu-c": 0.32}, 1)  # gpu-b left the world: its series goes
+    text = generate_latest(job_registry(m)).decode()
+    speeds = sorted(line for line in text.splitlines() if line.startswith("hvd_elastic_host_relative_speed{"))
+    assert speeds == ['hvd_elastic_host_relative_speed{host="gpu-a"} 1.02',
+                      'hvd_elastic_host_relative_speed{host="gpu-c"} 0.32']
+    assert "hvd_elastic_stragglers_reported_total 1.0" in text
+    joiner = JobMetrics()
+    joiner.adopt(m.carry())  # the count travels with the job's counters; speeds come from the next window
+    assert joiner.counters["stragglers_reported"] == 1 and joiner.host_speed == {}

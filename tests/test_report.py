@@ -226,3 +226,28 @@ def test_a_forked_workers_start_time_is_its_fork_to_the_clock_tick():
     tick = 1 / os.sysconf("SC_CLK_TCK")
     # Never before the fork (psutil: up to 1 s before); after it by no more than a loaded scheduler adds.
     assert forked_at - tick - 0.005 <= reported <= forked_at + 1.0, (reported - forked_at)
+
+
+def test_stragglers_and_each_hosts_speed_are_in_the_summary(tmp_path):
+    hosts = {"localhost": {"s": 0.03, "ratio": 1.0, "ranks": 2, "slow": False},
+             "127.0.0.1": {"s": 0.093, "ratio": 3.1, "ranks": 1, "slow": True}}
+    write_lines(tmp_path / "events.jsonl", [
+        event(0, "start", size=3), event(4, "pace", size=3, job_median_s=0.03, judged=True, hosts=hosts),
+        event(8, "straggler", size=3, slow_host="127.0.0.1", ratio=3.1, host_s=0.093, job_median_s=0.03, ranks=1,
+              windows=3, window=20, policy="report"),
+        event(9, "pace", size=3, job_median_s=0.03, judged=True, hosts=hosts), event(10, "finish", size=3)])
+    text = make_report(tmp_path).text.splitlines()
+    assert text[-2:] == [
+        "straggler: 127.0.0.1 at 8.0 s: 3.10x the job's median own work per step (0.0930 s vs 0.0300 s) in 3 windows "
+        "of 20 commits in a row; policy report",
+        "host speed in the last straggler window (1 = the job's median rank, 0.0300 s of own work per step): "
+        "localhost 1.00, 127.0.0.1 0.32"]
+
+
+def test_a_run_with_windows_and_no_straggler_says_so_and_one_without_windows_says_nothing(tmp_path):
+    hosts = {"a": {"s": 0.03, "ratio": 1.0, "ranks": 1, "slow": False}}
+    write_lines(tmp_path / "events.jsonl", [event(0, "start"), event(4, "pace", job_median_s=0.03, judged=False,
+                                                                     hosts=hosts)])
+    assert make_report(tmp_path).text.splitlines()[-2] == "stragglers: none"
+    write_lines(tmp_path / "events.jsonl", [event(0, "start"), event(1, "finish")])
+    assert not any("straggler" in line for line in make_report(tmp_path).text.splitlines())

@@ -49,6 +49,7 @@ _COUNTERS = {
     "not_training_seconds": "Seconds between an interrupt and the first commit after it.",
     "sync_bytes": "Bytes of state synchronised from rank 0 after resets.",
     "checkpoints_started": "Checkpoint writes started.",
+    "stragglers_reported": "Hosts reported as stragglers (slow in several windows in a row), once per streak.",
 }
 
 
@@ -83,6 +84,8 @@ class JobMetrics(Collector):
         self.open_reset: dict | None = None  # begun, not yet ended by a commit
         self._last_commit_at: float | None = None
         self._position: dict[str, int | None] = {"steps": None, "samples": None}
+        # Not carried: every rank computes them from the same gathered figures at each window's close.
+        self.host_speed: dict[str, float] = {}
 
     # -------------------------------------------------------------- carried between ranks
 
@@ -182,6 +185,13 @@ class JobMetrics(Collector):
                 self._end_reset(self.open_reset, now)
                 self.open_reset = None
 
+    def on_pace(self, speeds: dict[str, float], stragglers: int) -> None:
+        """A straggler window closed: each host's relative speed (the job's median own work over its own: 1
+        typical, 0.33 three times slower; hosts not in it are dropped) and the stragglers it reported."""
+        with self._lock:
+            self.host_speed = dict(speeds)
+            self.counters["stragglers_reported"] += int(stragglers)
+
     def on_checkpoint_started(self) -> None:
         with self._lock:
             self.counters["checkpoints_started"] += 1
@@ -245,6 +255,13 @@ class JobMetrics(Collector):
         if self.checkpoint["step"] is not None:
             yield _gauge("hvd_elastic_checkpoint_step", "The step of the newest durable checkpoint.",
                          self.checkpoint["step"])
+        speed = GaugeMetricFamily("hvd_elastic_host_relative_speed",
+                                  "Each host's speed relative to the job's median rank in the last straggler window "
+                                  "(its own work per step against the median's: 1 typical, 0.33 three times slower).",
+                                  labels=["host"])
+        for host, value in sorted(self.host_speed.items()):
+            speed.add_metric([host], value)
+        yield speed
         yield _gauge("hvd_elastic_resetting", "1 from an interrupt to the first commit after it.",
                      1 if self.open_reset is not None else 0)
         phases = HistogramMetricFamily("hvd_elastic_reset_phase_seconds", "Each phase of a reset.",

@@ -27,7 +27,8 @@ PROGRESS = "progress.jsonl"
 ACTIONS = "actions.jsonl"
 
 #: The numeric fields the report reads, by event; an event of ``EVENT_NAMES`` not named here needs none.
-NEEDED_NUMBERS: dict[str, tuple[str, ...]] = {"start": ("size",), "commit": ("size",), "reset": ("new_size",)}
+NEEDED_NUMBERS: dict[str, tuple[str, ...]] = {"start": ("size",), "commit": ("size",), "reset": ("new_size",),
+                                              "straggler": ("ratio", "host_s", "job_median_s")}
 #: Fields every progress row needs (``loss`` and ``epoch`` are optional).
 PROGRESS_FIELDS = ("time", "step", "size")
 

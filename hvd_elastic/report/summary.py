@@ -39,7 +39,7 @@ def make_report(run_dir: str | Path) -> Report:
         log.warning("%s", warning)
     timeline = build(run_log)
     verdict_line, verdict_ok = _exactly_once(run_log.directory)
-    lines = [f"run {run_log.directory}", format_table(timeline), _summary(timeline)]
+    lines = [f"run {run_log.directory}", format_table(timeline), _summary(timeline), *_pace(run_log, timeline)]
     if verdict_line is not None:
         lines.append(verdict_line)
     return Report(run_log, timeline, verdict_line, verdict_ok, "\n".join(lines))
@@ -69,6 +69,29 @@ def _summary(timeline: Timeline) -> str:
         summary += (f"\nno step committed for {share[0]:.1f} s of the {share[1]:.1f} s from the first committed step "
                     f"to the last ({100 * share[0] / share[1]:.0f}%: the picture's grey)")
     return summary
+
+
+def _pace(run: RunLog, timeline: Timeline) -> list[str]:
+    """A line per ``straggler`` event (else ``stragglers: none``), then each host's speed in the last window;
+    nothing for a run without straggler windows (too short, one rank, or the detector off)."""
+    windows = [e for e in run.events if e["event"] == "pace" and isinstance(e.get("hosts"), dict)]
+    reported = [e for e in run.events if e["event"] == "straggler"]
+    if not windows and not reported:
+        return []
+    t0 = timeline.start or 0.0
+    lines = [f"straggler: {e.get('slow_host', '?')} at {e['time'] - t0:.1f} s: {e['ratio']:.2f}x the job's median "
+             f"own work per step ({e['host_s']:.4f} s vs {e['job_median_s']:.4f} s) in {e.get('windows', '?')} "
+             f"windows of {e.get('window', '?')} commits in a row; policy {e.get('policy', '?')}"
+             for e in reported] or ["stragglers: none"]
+    if windows:
+        last = windows[-1]
+        speeds = [f"{host} {1 / h['ratio']:.2f}" for host, h in last["hosts"].items()
+                  if isinstance(h, dict) and isinstance(h.get("ratio"), (int, float)) and h["ratio"] > 0]
+        median = last.get("job_median_s")
+        lines.append(f"host speed in the last straggler window (1 = the job's median rank"
+                     f"{f', {median:.4f} s of own work per step' if isinstance(median, (int, float)) else ''}): "
+                     f"{', '.join(speeds) or '-'}")
+    return lines
 
 
 def _exactly_once(directory: Path) -> tuple[str | None, bool | None]:

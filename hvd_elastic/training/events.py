@@ -31,6 +31,17 @@ Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
                     record's ``time`` is when training resumed after the sync
 ``checkpoint``      a write finished: ``path``, ``bytes``, ``seconds``, step...
 ``checkpoint_error`` a write failed: ``path``, ``error``
+``pace``            a straggler window closed (every ``straggler_window``
+                    commits, worlds of 2 ranks or more): ``job_median_s``
+                    (the ranks' median own work per step, seconds),
+                    ``judged`` (3 ranks or more), ``hosts`` (by name:
+                    ``s``, the host's median, ``ratio`` to the job's,
+                    ``ranks``, ``slow`` in this window); see
+                    ``training/_internal/pace.py``
+``straggler``       a host was slow in ``windows`` windows in a row (once
+                    per streak): ``slow_host``, ``ratio``, ``host_s``,
+                    ``job_median_s``, ``ranks``, ``window`` (commits each),
+                    ``policy`` (``report``: nothing was done)
 ``finish``          the training function returned: ``commit_count``
 ``abort``           the call ended with an exception: ``error``
 =================== ==========================================================
@@ -54,7 +65,7 @@ log = logging.getLogger(__name__)
 
 #: Every event the decorator and its checkpoint writer append (the table above).
 EVENTS = ("start", "resume", "checkpoint_skipped", "commit", "sync", "restore", "reset", "checkpoint",
-          "checkpoint_error", "finish", "abort")
+          "checkpoint_error", "pace", "straggler", "finish", "abort")
 
 
 class EventLog:

@@ -34,12 +34,18 @@ Each call of the decorated function:
    every reset with its reason and the world size before and after.  Under a static
    launch (``horovodrun -np N``, ``mpirun``) there is nothing to recover to, so it syncs
    once and calls the function; any error ends the job as usual.
-4. Keeps the job's Prometheus metrics on every rank (:mod:`hvd_elastic.metrics.job`:
+4. Measures every rank's own work per step and, once per window of commits, gathers the
+   figures in one small allgather and judges each host against the job's median
+   (:mod:`hvd_elastic.training._internal.pace`): a host slow in several windows in a row
+   is a straggler, reported by rank 0 as a ``straggler`` event and a warning (policy
+   ``report``, the default; ``off`` measures nothing).  Rank 0's policy, handed to every
+   rank at each sync, decides for all.
+5. Keeps the job's Prometheus metrics on every rank (:mod:`hvd_elastic.metrics.job`:
    world size, resets by cause and their phases, steps, commits, syncs, checkpoints),
    hands rank 0's numbers to every rank at each sync (one small object broadcast,
    so a new rank 0 continues the series), and, when ``metrics_addr`` or
    ``HVD_ELASTIC_METRICS_ADDR`` names an address, serves them from rank 0.
-5. When the function returns, rank 0 writes a final checkpoint of the last commit (if
+6. When the function returns, rank 0 writes a final checkpoint of the last commit (if
    it is newer than the last checkpoint) and waits for writes in flight.  Commit at the
    end of training so that the final state is the committed one.
 
@@ -67,7 +73,7 @@ from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
 from hvd_elastic.training import settings as worker_settings
-from hvd_elastic.training._internal import forksafe, objects, rendezvous, shared_dir
+from hvd_elastic.training._internal import forksafe, objects, pace, rendezvous, shared_dir
 from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training._internal.elastic_loop import run_elastic
@@ -111,6 +117,26 @@ class RunConfig:
             metrics (a bare port binds loopback); None reads ``HVD_ELASTIC_METRICS_ADDR``,
             and metrics are not served when that is unset or empty.  A bad address
             or a port in use is logged in one line and training goes on.
+        straggler: what to do about a straggler, a host whose own work per step
+            (its time outside the gradient allreduce's wait) stays well above the
+            job's median: ``"report"`` (a ``straggler`` event, a warning, the
+            ``hvd_elastic_host_relative_speed`` gauge; never an action) or ``"off"``
+            (nothing measured).  None reads ``HVD_ELASTIC_STRAGGLER`` (default
+            ``report``: it costs one small allgather per window and cannot hurt a
+            job; draining is phase 2's).  Rank 0's setting decides.
+        straggler_threshold: a host is slow in a window when its median own work is
+            at least this many times the job's median (and beyond the ranks'
+            spread); > 1.  None reads ``HVD_ELASTIC_STRAGGLER_THRESHOLD`` (1.5).
+        straggler_window: commits per window; the figures are gathered once per
+            window.  None reads ``HVD_ELASTIC_STRAGGLER_WINDOW`` (50).
+        straggler_windows: windows in a row a host must be slow in to be reported
+            (once per streak).  None reads ``HVD_ELASTIC_STRAGGLER_WINDOWS`` (3).
+
+    Raises:
+        ValueError: a checkpoint setting that makes no sense; a
+            :class:`~hvd_elastic.envvars.ConfigError` (one line naming the field and
+            its value) for a straggler setting: a policy other than ``report`` or ``off``,
+            a threshold <= 1, a window or windows < 1.
     """
 
     checkpoint_dir: str | os.PathLike | None = None
@@ -124,13 +150,22 @@ class RunConfig:
     fresh_start_if_unreadable: bool = False
     checkpoint_dir_shared: bool = True
     metrics_addr: str | None = None
+    straggler: str | None = None
+    straggler_threshold: float | None = None
+    straggler_window: int | None = None
+    straggler_windows: int | None = None
 
     def __post_init__(self) -> None:
+        pace.check_given(self.straggler_settings())
         if not isinstance(self.checkpoint_dir_shared, bool):
             raise ValueError(f"checkpoint_dir_shared must be True or False, got {self.checkpoint_dir_shared!r}")
         if self.checkpoint_dir is None and (self.checkpoint_every_commits or self.checkpoint_every_seconds):
             raise ValueError("checkpoint_every_commits/checkpoint_every_seconds need a checkpoint_dir")
         check_policy(self.checkpoint_every_commits, self.checkpoint_every_seconds, self.keep_last)
+
+    def straggler_settings(self) -> dict[str, Any]:
+        """The ``straggler*`` fields by name (None: read from the variable)."""
+        return {name: getattr(self, name) for name in pace.FIELDS}
 
     def checkpoint_manager(self, state, on_event: Callable[[str, dict], None]) -> CheckpointManager | None:
         """The manager for ``state``: copies are taken in the writer thread under the
@@ -219,6 +254,11 @@ class _Session:
         self._committed_step = getattr(state, "step", None)
         self._step_at_error = None
         self._announced = False  # horovodrun's driver rules know a durable checkpoint exists
+        # This process's straggler policy: what it offers as rank 0; every rank runs rank 0's (see _before_sync).
+        self._pace_policy = pace.PacePolicy.resolve(config.straggler_settings(), self.settings)
+        self._pace = pace.Pace(self._pace_policy)
+        self._streaks = pace.Streaks(self._pace_policy.windows)
+        self._paced = False  # the state tells us its commits (a TrainingState): there is something to time
         if self.checkpoints is not None and self.checkpoints.checkpoints():
             self._announce_resumable()  # a relaunched job can resume before its first sync has loaded one
 
@@ -232,6 +272,8 @@ class _Session:
             add_listener = getattr(self.state, "add_listener", None)
             if add_listener is not None:  # Horovod's own states have none: resets are still logged
                 add_listener(self._on_state_event)
+                self._paced = True
+                self._adopt_pace(self._pace_policy)  # until a sync hands over rank 0's
 
             def inner(state):  # the function's own arguments never meet run_elastic's keywords
                 return self._call(fn, state, *args, **kwargs)
@@ -249,6 +291,7 @@ class _Session:
             raise
         finally:
             self._active = False
+            self._pace.waits.unwatch()
             if self._exporter is not None:
                 self._exporter.stop()
             if elastic:
@@ -262,6 +305,7 @@ class _Session:
         self._resumed = True  # a sync completed: this process holds the job's state from now on
         self._refresh_rank()
         self._entries += 1
+        self._pace.restart()  # a new world (or the same after a failure): every rank's windows start over
         self.metrics.on_world(self._rank, self._size)
         self._serve_metrics()
         if self._entries == 1:
@@ -304,12 +348,15 @@ class _Session:
         with (shared_dir.announced(checked.directory, enabled=self._check_shared) if checked is not None
               else contextlib.nullcontext()) as header:
             news = {"shared_dir": header} if checked is not None else {}
+            if self._rank == 0:
+                news["pace"] = dataclasses.asdict(self._pace_policy)
             if self._rank == 0 and not resume_due:
                 news["metrics"] = self.metrics.carry()
             news = objects.broadcast_object(news, root_rank=0, name="hvd_elastic.before_sync")
             if self.checkpoints is not None:
                 # Before the load: a rank 0 that sees another directory than the others must not resume from it.
                 shared_dir.confirm(self.checkpoints.directory, news["shared_dir"])
+        self._adopt_pace(pace.PacePolicy(**news["pace"]))
         if resume_due:
             self._resume()
         # On every rank whether or not it serves: a collective must never depend on a setting.
@@ -353,6 +400,13 @@ class _Session:
     def _on_state_event(self, event: str, fields: dict) -> None:
         if not self._active:
             return
+        if event == "committed":  # not logged: the end of the commit's host check, where a step's own work begins
+            if self._pace.policy.on:
+                self._pace.resume()
+            return
+        # First: this listener's work (and the host check after it) is no step's own work ("committed" above).
+        timed = event == "commit" and self._pace.policy.on  # rank 0's policy: the same on every rank
+        closed = self._pace.lap(getattr(self.state, "sampler", None)) if timed else None
         self._refresh_rank()
         self._measure(event, fields)
         if event == "commit" and self.checkpoints is not None and self._rank == 0:
@@ -364,6 +418,50 @@ class _Session:
             self._log_progress(self.config.progress_log, fields.get("commit_count"))
         if event != "commit" or self.config.log_commits:
             self._emit(event, **fields)
+        if closed is not None and self._size >= 2:  # the same on every rank: the gather cannot deadlock
+            self._judge_pace(closed)
+
+    # -------------------------------------------------------------- stragglers
+
+    def _adopt_pace(self, policy: pace.PacePolicy) -> None:
+        """Run ``policy`` from now on (rank 0's, at every sync): when and whether to gather must agree."""
+        self._pace.policy = policy
+        if self._streaks.windows != policy.windows:
+            self._streaks = pace.Streaks(policy.windows)
+        if not policy.on or not self._paced:
+            self._pace.waits.unwatch()
+        elif not self._pace.waits.watching:
+            self._pace.waits.watch(getattr(self.state, "optimizer", None))
+
+    def _judge_pace(self, closed: pace.Closed) -> None:
+        """Collective, at a window's close on every rank: gather the figures, judge them (every rank alike,
+        so a new rank 0 keeps the streaks), and have rank 0 report the window and any new straggler."""
+        policy = self._pace.policy
+        verdict = pace.judge(pace.exchange(self._host, closed.median), policy.threshold)
+        stragglers = self._streaks.update(verdict)
+        self.metrics.on_pace({host.host: host.speed for host in verdict.hosts}, len(stragglers))
+        if verdict.job_median_s is None:
+            return
+        self._emit("pace", job_median_s=round(verdict.job_median_s, 6), judged=verdict.judged,
+                   hosts={h.host: {"s": round(h.seconds, 6), "ratio": round(h.ratio, 3), "ranks": h.ranks,
+                                   "slow": h.slow} for h in verdict.hosts})
+        for host in stragglers:
+            self._on_straggler(host, verdict.job_median_s, policy)
+
+    def _on_straggler(self, host: pace.HostPace, job_median_s: float, policy: pace.PacePolicy) -> None:
+        """``host`` was slow in ``policy.windows`` windows in a row.  Policy ``report``: say so (rank 0).
+
+        The seam of phase 2: a ``drain`` policy would act here, on rank 0, within its limits.
+        """
+        if self._rank != 0:
+            return
+        log.warning("straggler: host %s takes %.2fx the job's median own work per step (%.4f s vs %.4f s) in "
+                    "%d windows of %d commits in a row; policy %s: nothing is done about it",
+                    host.host, host.ratio, host.seconds, job_median_s, policy.windows, policy.window, policy.mode)
+        # The slow host is ``slow_host``: ``host`` is already the writer's own in every record.
+        self._emit("straggler", slow_host=host.host, ratio=round(host.ratio, 3), host_s=round(host.seconds, 6),
+                   job_median_s=round(job_median_s, 6), ranks=host.ranks, windows=policy.windows,
+                   window=policy.window, policy=policy.mode)
 
     def _log_progress(self, path: str | os.PathLike, commit_count: int | None) -> None:
         values = getattr(self.state, "values", None) or {}

@@ -32,7 +32,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from hvd_elastic.envvars import BOOLEAN, NON_NEGATIVE_SECONDS, TEXT, Check, ConfigError
+from hvd_elastic.envvars import BOOLEAN, NON_NEGATIVE_SECONDS, POSITIVE_INT, TEXT, Check, ConfigError
 from hvd_elastic.health.lost import DEFAULT_GRACE_S, GRACE_ENV
 from hvd_elastic.metrics.address import ENV as METRICS_ADDR_ENV
 
@@ -53,6 +53,14 @@ class Variable:
 JOIN_AHEAD_ENV, GLOO_HANGUP_ENV = "HVD_ELASTIC_JOIN_AHEAD", "HVD_ELASTIC_GLOO_HANGUP"
 HEALTH_CUT_ENV, FORK_SAFETY_ENV = "HVD_ELASTIC_HEALTH_CUT", "HVD_ELASTIC_FORK_SAFETY"
 CHECKPOINT_LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
+STRAGGLER_ENV, STRAGGLER_THRESHOLD_ENV = "HVD_ELASTIC_STRAGGLER", "HVD_ELASTIC_STRAGGLER_THRESHOLD"
+STRAGGLER_WINDOW_ENV, STRAGGLER_WINDOWS_ENV = "HVD_ELASTIC_STRAGGLER_WINDOW", "HVD_ELASTIC_STRAGGLER_WINDOWS"
+#: What the straggler detector may do (:mod:`hvd_elastic.training._internal.pace`); ``drain`` comes with phase 2.
+STRAGGLER_POLICIES = ("off", "report")
+#: The straggler settings' types, shared by their variables and ``RunConfig``'s fields (one rule, two spellings).
+STRAGGLER_POLICY = Check(str, lambda v: v in STRAGGLER_POLICIES, f"one of {', '.join(STRAGGLER_POLICIES)}")
+STRAGGLER_THRESHOLD = Check(float, lambda v: 1 < v < float("inf"), "a number > 1")
+STRAGGLER_COUNT = POSITIVE_INT
 VARIABLES = (
     Variable(JOIN_AHEAD_ENV, "join_ahead", BOOLEAN, "true",
              "When hosts are only added, the survivors ask horovodrun's driver for their places in the next world "
@@ -82,6 +90,20 @@ VARIABLES = (
     Variable(METRICS_ADDR_ENV, "metrics_addr", TEXT, "",
              "`[HOST]:PORT` where rank 0 of `@hvd_elastic.run` serves the job's Prometheus metrics when "
              "`RunConfig(metrics_addr=...)` is not given; a bare port binds loopback. Unset: no metrics served."),
+    Variable(STRAGGLER_ENV, "straggler", STRAGGLER_POLICY, "report",
+             "What `@hvd_elastic.run` does about a host whose own work per step is well above the job's median "
+             "(a straggler): `report` measures every rank, gathers the figures once per window and, for a host slow "
+             "in `HVD_ELASTIC_STRAGGLER_WINDOWS` windows in a row, writes a `straggler` event and a warning and "
+             "sets its relative-speed gauge; it never acts. `off` measures nothing. `RunConfig(straggler=...)` "
+             "wins; rank 0's value decides."),
+    Variable(STRAGGLER_THRESHOLD_ENV, "straggler_threshold", STRAGGLER_THRESHOLD, "1.5",
+             "A host is slow in a window when its median own work per step is at least this many times the job's "
+             "median (and above the median by 3 scaled MADs of the ranks' figures)."),
+    Variable(STRAGGLER_WINDOW_ENV, "straggler_window", STRAGGLER_COUNT, "50",
+             "Commits per window: each rank's figures are gathered once per window (one small allgather), never "
+             "per step."),
+    Variable(STRAGGLER_WINDOWS_ENV, "straggler_windows", STRAGGLER_COUNT, "3",
+             "Windows in a row a host must be slow in before it is reported (once per streak)."),
 )
 _HEALTH = ("health_cut", "health_grace")  # a bad value turns the cut off instead of stopping the job
 BY_FIELD = {variable.field: variable for variable in VARIABLES}
@@ -98,6 +120,10 @@ class WorkerSettings:
     fork_safety: bool = True
     checkpoint_local: bool = False
     metrics_addr: str = ""
+    straggler: str = "report"
+    straggler_threshold: float = 1.5
+    straggler_window: int = 50
+    straggler_windows: int = 3
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> WorkerSettings:

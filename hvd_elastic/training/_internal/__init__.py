@@ -12,6 +12,8 @@
   worker asks it (its place in the next world, whether that world is doomed),
   and the join that lets the survivors train on while a newcomer starts;
 * :mod:`.objects` -- small Python objects between the ranks, one collective each;
+* :mod:`.pace` -- each rank's own work per step, gathered once per window, and
+  the verdict on slow hosts (stragglers) that :func:`hvd_elastic.run` reports;
 * :mod:`.preload` -- what a script would import after ``hvd.init()``, imported
   before it, so a joining worker's survivors do not wait for it.
 

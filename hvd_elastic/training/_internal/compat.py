@@ -14,9 +14,10 @@ notification_manager``               (runner, elastic_loop)
 ``horovod.runner.elastic.worker.     what a host update was (added, removed...)
 HostUpdateResult``
 ``DistributedOptimizer._handles``,   dropping in-flight allreduces after a failed
-``_allreduce_delay``,                step (:func:`forget_pending_allreduces`)
-``_synchronized``,
-``_should_synchronize``
+``_allreduce_delay``,                step (:func:`forget_pending_allreduces`); the
+``_synchronized``,                   first two also tell Horovod's optimizer from
+``_should_synchronize``              others (:func:`is_horovod_optimizer`, whose
+                                     ``synchronize`` :mod:`.pace` times)
 ``LRScheduler._last_lr``             ``get_last_lr()`` after a policy rescales LRs
 ``Tensor._version``                  "unchanged since the commit" (sync fast path)
 ``torch._foreach_copy_``             one batched copy of many tensors
@@ -121,8 +122,15 @@ from hvd_elastic.training._internal import preload  # noqa: E402,F401 -- its imp
 from horovod.common.elastic import notification_manager  # noqa: E402 -- only once the versions are known good
 from horovod.runner.elastic.worker import HostUpdateResult  # noqa: E402
 
-__all__ = ["HostUpdateResult", "notification_manager", "forget_pending_allreduces", "set_last_lr",
-           "tensor_versions", "foreach_copy", "check_versions"]
+__all__ = ["HostUpdateResult", "notification_manager", "forget_pending_allreduces", "is_horovod_optimizer",
+           "set_last_lr", "tensor_versions", "foreach_copy", "check_versions"]
+
+
+def is_horovod_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is a Horovod ``DistributedOptimizer`` (whose class Horovod builds at run time, so
+    it is told by its allreduce bookkeeping, not by a class)."""
+    return hasattr(optimizer, "_handles") and hasattr(optimizer, "_allreduce_delay") and \
+        callable(getattr(optimizer, "synchronize", None))
 
 
 def forget_pending_allreduces(optimizer: torch.optim.Optimizer) -> None:
