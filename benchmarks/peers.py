@@ -53,6 +53,7 @@ class Fault:
     at: float  # seconds after the job's first step
     kind: str
     host_index: int  # which of the stack's current hosts (modulo their number)
+    churn: bool = False  # a churn join's host retires after --hold, so joins keep coming on a bounded bed
 
 
 @dataclass
@@ -76,9 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--churn", type=int, default=0, help="then this many overlapping faults (default 0)")
     parser.add_argument("--mtbf", type=float, default=15.0, help="churn: mean seconds between faults")
     parser.add_argument("--down", type=float, default=10.0, help="seconds a crashed/cut/frozen/left host stays out")
+    parser.add_argument("--hold", type=float, default=30.0,
+                        help="churn: seconds a joined host trains before it retires (a graceful leave); the next "
+                             "join brings a retired host back before it adds one (default %(default)s)")
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: random, printed)")
     parser.add_argument("--epochs", type=int, default=0, help="training epochs (default: enough for the schedule)")
-    parser.add_argument("--step-time", type=float, default=0.1, help="stand-in compute per step (s)")
+    parser.add_argument("--step-time", type=float, default=0.1,
+                        help="stand-in compute per step at full size (s); a rank's is proportional to its samples")
     parser.add_argument("--limit", type=float, default=900.0,
                         help="a run may last this long after its last fault before it is ended (s)")
     parser.add_argument("--relaunches", type=int, default=10,
@@ -109,7 +114,7 @@ def schedule(args) -> list[Fault]:
     at = 10.0 + len(kinds) * args.gap
     for _ in range(args.churn):
         at += rng.expovariate(1.0 / args.mtbf)
-        faults.append(Fault(at, rng.choice(args.kinds), rng.randrange(1 << 16)))
+        faults.append(Fault(at, rng.choice(args.kinds), rng.randrange(1 << 16), churn=True))
     return faults
 
 
@@ -119,16 +124,17 @@ def schedule(args) -> list[Fault]:
 class Injector:
     """Carries out one stack's faults and the heals that follow them."""
 
-    def __init__(self, stack: peers.Stack, down: float):
-        self.stack, self.down = stack, down
+    def __init__(self, stack: peers.Stack, down: float, hold: float = 30.0):
+        self.stack, self.down, self.hold = stack, down, hold
         self.out: set[str] = set()  # hosts currently crashed, cut, frozen or left
+        self.retired: list[str] = []  # churn joins' hosts that left for good, until a join brings one back
         self.pending: list[tuple[float, str, str]] = []  # (when, action, host) heals due
 
     def inject(self, fault: Fault) -> dict:
         now = time.time()
         if fault.kind == "join":
-            return {"time": now, "kind": fault.kind, "host": self.stack.join()}
-        candidates = [h for h in self.stack.hosts() if h not in self.out]
+            return {"time": now, "kind": fault.kind, "host": self._join(fault)}
+        candidates = [h for h in self.stack.hosts() if h not in self.out and h not in self.retired]
         if len(candidates) < 2:
             return {"time": now, "kind": fault.kind, "skipped": "it would leave no host training"}
         host = candidates[fault.host_index % len(candidates)]
@@ -146,6 +152,17 @@ class Injector:
         self.pending.append((time.monotonic() + self.down, heal, host))
         return {"time": now, "kind": fault.kind, "host": host}
 
+    def _join(self, fault: Fault) -> str:
+        if self.retired:
+            host = self.retired.pop(0)
+            self.stack.rejoin(host)
+        else:
+            host = self.stack.join()
+        if fault.churn:
+            self.out.add(host)  # not a fault's target while it is the join under way, nor retired twice
+            self.pending.append((time.monotonic() + self.hold, "retire", host))
+        return host
+
     def heal_due(self, everything: bool = False) -> None:
         now = time.monotonic()
         for item in [p for p in self.pending if everything or p[0] <= now]:
@@ -157,6 +174,10 @@ class Injector:
                 self.stack.bed.heal(host)
             elif action == "thaw":
                 self.stack.bed.thaw(host)
+            elif action == "retire":
+                if not everything:  # at the run's end, a joined host simply stays
+                    self.stack.leave(host)
+                    self.retired.append(host)
             else:
                 self.stack.rejoin(host)
             self.out.discard(host)
@@ -173,7 +194,7 @@ def run_stack(name: str, args, faults: list[Fault], workdir: Path, train_args: t
     """One run of stack ``name`` under ``faults`` (none: the uninterrupted reference)."""
     run = Run(name)
     with peers.make(name, workdir, args.hosts, train_args) as stack:
-        injector = Injector(stack, args.down)
+        injector = Injector(stack, args.down, args.hold)
         stack.launch()
         run.start = time.time()
         first = _wait_first_step(stack, timeout=300.0)
@@ -339,7 +360,8 @@ def main(argv=None) -> int:
     span = faults[-1].at + 60.0 if faults else 0.0
     # Long enough to outlast the schedule at the uninterrupted pace (global batch 48, --step-time per step).
     epochs = args.epochs or (1 if args.smoke else max(2, int(span / (samples / 48 * args.step_time)) + 1))
-    train_args = ("--samples", str(samples), "--epochs", str(epochs), "--step-time", str(args.step_time))
+    train_args = ("--samples", str(samples), "--epochs", str(epochs), "--step-time", str(args.step_time),
+                  "--full-world", str(args.hosts))
     print(f"peers: stacks {', '.join(args.stacks)}; {args.hosts} hosts; seed {args.seed}; {len(faults)} faults; "
           f"{epochs} epochs of {samples} samples", flush=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # run the teardowns

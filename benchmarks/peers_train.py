@@ -55,7 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--global-batch", type=int, default=48, help="samples per step (divisible by 1-4)")
     parser.add_argument("--groups", type=int, default=4, help="torchft: replica groups (the shards)")
-    parser.add_argument("--step-time", type=float, default=0.1, help="seconds of stand-in compute per step")
+    parser.add_argument("--step-time", type=float, default=0.1,
+                        help="seconds of stand-in compute for a rank's share of a step at full size "
+                             "(global batch / --full-world samples); a rank's compute is proportional to its samples")
+    parser.add_argument("--full-world", type=int, default=4, help="ranks (hosts) at full size")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between durable checkpoints")
     return parser.parse_args(argv)
 
@@ -74,9 +77,11 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, CLASSES))
 
 
-def compute(seconds: float) -> None:
-    """Stand-in for a real step's compute: sleeps, so 4 hosts on 2 cores measure the stacks, not the box."""
-    time.sleep(seconds)
+def compute(args: argparse.Namespace, samples: int) -> None:
+    """Stand-in for a real step's compute on ``samples`` samples: sleeps, so 4 hosts on 2 cores measure the
+    stacks, not the box.  In proportion to the samples, as a real forward and backward pass: a rank of a
+    shrunken world with a constant global batch takes longer per step, an idle rank takes no time."""
+    time.sleep(args.step_time * samples * args.full_world / args.global_batch)
 
 
 def evaluate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -141,7 +146,9 @@ def run_hvd_elastic(args, x, y, test_x, test_y) -> None:
     loader = DataLoader(TensorDataset(torch.arange(len(x))), batch_sampler=sampler,
                         collate_fn=ExactlyOnceSampler.collate())
 
-    @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every)
+    # The event log as the examples keep it: each reset's phases, for the pauses' breakdown.
+    @hvd_elastic.run(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every_commits=args.checkpoint_every,
+                     event_log=os.path.join(args.out, "events.jsonl"))
     def train(state) -> None:
         token = hvd.broadcast_object(random.getrandbits(48), root_rank=0, name="peers.token")
         while state.epoch < args.epochs:
@@ -151,7 +158,7 @@ def run_hvd_elastic(args, x, y, test_x, test_y) -> None:
                 optimizer.zero_grad()
                 loss = F.cross_entropy(net(x[indices]), y[indices], reduction="sum") / sampler.samples_this_step
                 loss.backward()  # an idle rank (None batch) still joins the allreduce, with zero gradients
-                compute(args.step_time)
+                compute(args, len(indices))
                 optimizer.step()
                 mean = hvd.allreduce(loss.detach(), op=hvd.Sum, name="peers.loss").item()
                 record(ledger, state, token, hvd.size(), hvd.rank(), indices.tolist(), mean)
@@ -189,7 +196,7 @@ def run_horovod(args, x, y, test_x, test_y) -> None:
                 optimizer.zero_grad()
                 loss = F.cross_entropy(net(x[batch]), y[batch])
                 loss.backward()
-                compute(args.step_time)
+                compute(args, len(batch))
                 optimizer.step()
                 mean = hvd.allreduce(loss.detach(), name="peers.loss").item()
                 sampler.record_batch(i, batch_size)
@@ -236,7 +243,7 @@ def run_torchrun(args, x, y, test_x, test_y) -> None:
             # DDP averages over ranks: scaled so the update is the mean over the step's samples.
             loss = F.cross_entropy(ddp(x[batch]), y[batch], reduction="sum") * size / len(step_samples)
             loss.backward()  # an idle rank (no sample left) still joins the allreduce, with zero gradients
-            compute(args.step_time)
+            compute(args, len(batch))
             optimizer.step()
             mean = loss.detach().clone()
             dist.all_reduce(mean)
@@ -308,7 +315,7 @@ def run_torchft(args, x, y, test_x, test_y) -> None:
             optimizer.zero_grad()  # torchft: starts this step's quorum
             loss = F.cross_entropy(ddp(x[batch]), y[batch])
             loss.backward()
-            compute(args.step_time)
+            compute(args, len(batch))
             optimizer.step()  # applied only when every group of the quorum commits
             if manager.current_step() > before:
                 parent = extra["chain"]
