@@ -43,7 +43,7 @@ from pathlib import Path
 from report import RESULTS, Row, format_table, load_note, paired_ratio, spread, write_json
 
 from hvd_elastic.training.checkpoint import CheckpointManager
-from hvd_elastic.training._internal.join_ahead import ENV as JOIN_AHEAD_ENV
+from hvd_elastic.training.settings import JOIN_AHEAD_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testbed/ is not installed
 from testbed import (HVD_ELASTIC, JsonLines, Job, child_env, horovodrun_elastic, host_file_discovery,  # noqa: E402
