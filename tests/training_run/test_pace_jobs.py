@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_elastic.report.cli import make_report
+from hvd_elastic.report.summary import make_report
 from hvd_elastic.training.events import EventLog
 from testbed import Job, child_env, horovodrun_elastic, host_file_discovery
 
