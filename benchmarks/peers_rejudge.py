@@ -1,6 +1,10 @@
 """Re-judge a finished ``benchmarks/peers.py`` run from what it left: its ``--workdir`` and its stdout log.
 
-``.venv/bin/python benchmarks/peers_rejudge.py LOG WORKDIR --json OUT.json [--png OUT.png]``
+``.venv/bin/python benchmarks/peers_rejudge.py LOG [LOG ...] WORKDIR --json OUT.json [--png OUT.png]``
+
+Several logs: a comparison run a few stacks at a time (the whole of it takes
+longer than a session), each run with the same ``--workdir`` and schedule,
+judged and drawn as one.
 
 For runs made before b363653, whose harness scored a run cut off at ``--limit``
 unfinished as having kept nothing (goodput 0).  Each stack's faulted run is
@@ -53,25 +57,28 @@ def rejudge(log: str, workdir: Path, stack: str, samples: int, epochs: int) -> t
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("log", type=Path, help="the run's stdout")
+    parser.add_argument("logs", type=Path, nargs="+", metavar="LOG",
+                        help="the run's stdout; several: runs of some stacks each, same workdir and schedule")
     parser.add_argument("workdir", type=Path, help="the run's --workdir")
     parser.add_argument("--json", type=Path, required=True, help="the run's JSON: its records are replaced")
     parser.add_argument("--png", type=Path, default=None, help="the picture (default: next to --json)")
     args = parser.parse_args(argv)
-    for flag, path, what in (("LOG", args.log, "stdout"), ("--json", args.json, "JSON")):
+    for flag, path, what in (*(("LOG", log, "stdout") for log in args.logs), ("--json", args.json, "JSON")):
         if not path.is_file():
             parser.error(f"{flag} {str(path)!r}: no such file (expected the run's {what})")
     if not args.workdir.is_dir():
         parser.error(f"WORKDIR {str(args.workdir)!r}: no such directory (expected the run's --workdir)")
-    log = args.log.read_text()
-    head = re.search(r"^peers: stacks (.*); \d+ hosts; seed \d+; \d+ faults; (\d+) epochs of (\d+) samples$", log,
-                     re.MULTILINE)
-    if head is None:
-        parser.error(f"{args.log}: not a peers.py log (no 'peers: stacks ...' line)")
-    stacks, epochs, samples = head.group(1).split(", "), int(head.group(2)), int(head.group(3))
     data = json.loads(args.json.read_text())
-    done = [s for s in stacks if (args.workdir / s / "faults" / "out").exists() and f"  {s} faults: " in log]
-    judged = [rejudge(log, args.workdir, stack, samples, epochs) for stack in done]
+    judged = []
+    for path in args.logs:
+        log = path.read_text()
+        head = re.search(r"^peers: stacks (.*); \d+ hosts; seed \d+; \d+ faults; (\d+) epochs of (\d+) samples$", log,
+                         re.MULTILINE)
+        if head is None:
+            parser.error(f"{path}: not a peers.py log (no 'peers: stacks ...' line)")
+        stacks, epochs, samples = head.group(1).split(", "), int(head.group(2)), int(head.group(3))
+        done = [s for s in stacks if (args.workdir / s / "faults" / "out").exists() and f"  {s} faults: " in log]
+        judged += [rejudge(log, args.workdir, stack, samples, epochs) for stack in done]
     data["records"] = [record for record, *_ in judged]
     args.json.write_text(json.dumps(data, indent=1))
     peers.picture([(run, rows, kept) for _, run, rows, kept in judged], args.png or args.json.with_suffix(".png"))

@@ -44,3 +44,22 @@ def test_a_finished_and_a_cut_off_run_are_judged_from_their_ledgers(tmp_path):
     assert (records["cut"]["finished"], records["cut"]["epochs_done"], records["cut"]["steps_kept"]) == (False, 1, 6)
     assert records["cut"]["goodput"] == round(12 / 20.0, 3)  # 12 unique samples in 20 s, against 1 per s
     assert (tmp_path / "peers.png").exists()
+
+
+def test_runs_of_some_stacks_each_are_judged_and_drawn_as_one(tmp_path):
+    reference = {"useful_samples_per_s": 1.0, "test_accuracy": None}
+    logs = []
+    for stack in ("first", "second"):
+        out = tmp_path / "work" / stack / "faults" / "out"
+        out.mkdir(parents=True)
+        ledger(out, 100.0, 8, True)
+        record = {"stack": stack, "wall_s": 20.0, "exit_code": 0, "deaths": [], "seed": 5, "steps_kept": 0}
+        logs.append(tmp_path / f"{stack}.log")
+        logs[-1].write_text("\n".join([f"peers: stacks {stack}; 2 hosts; seed 5; 1 faults; 2 epochs of 8 samples",
+                                        f"  {stack} reference: {json.dumps(reference)}",
+                                        f"  {stack} faults: {json.dumps(record)}"]) + "\n")
+    (tmp_path / "peers.json").write_text(json.dumps({"seed": 5, "records": []}))
+    argv = [*map(str, logs), str(tmp_path / "work"), "--json", str(tmp_path / "peers.json")]
+    assert peers_rejudge.main(argv) == 0
+    records = json.loads((tmp_path / "peers.json").read_text())["records"]
+    assert [(r["stack"], r["steps_kept"]) for r in records] == [("first", 8), ("second", 8)]
