@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +32,25 @@ def test_an_unknown_commit_is_one_line_and_exit_2():
     assert done.stderr.strip().splitlines() == [f"before_after: 'no-such-rev' is not a commit of {BENCHMARKS.parent}"]
 
 
+def a_repository(tmp_path: Path) -> Path:
+    """A git repository of this tree's package, test bed and benchmarks, with one commit: CI's checkout may not
+    be a repository of its own (an export), and the script's trees are made with git."""
+    repo = tmp_path / "repo"
+    skip = shutil.ignore_patterns("__pycache__", "results", "*.pyc")
+    for part in ("hvd_elastic", "testbed", "benchmarks"):
+        shutil.copytree(BENCHMARKS.parent / part, repo / part, ignore=skip)
+    git = ["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the tree under test"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    return repo
+
+
 @pytest.mark.slow
 def test_a_real_benchmark_runs_from_both_trees_and_is_compared(tmp_path):
-    out = tmp_path / "ba.json"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "before_after.py"), "--before", "HEAD", "--rounds", "2",
-                           "--json", str(out), "metrics_overhead.py", "--", "--steps", "20", "--rounds", "2"],
-                          capture_output=True, text=True, timeout=600)
+    repo, out = a_repository(tmp_path), tmp_path / "ba.json"
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "before_after.py"), "--before", "HEAD",
+                           "--rounds", "2", "--json", str(out), "metrics_overhead.py", "--", "--steps", "20",
+                           "--rounds", "2"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert len(report["runs"]["before"]) == len(report["runs"]["after"]) == 2
