@@ -67,19 +67,23 @@ def main(argv=None) -> int:
                  else None)
         env = child_env(EVENT_LOG=str(events), STEPS=str(int(args.minutes * STEPS_PER_MINUTE)))
         discover = host_file_discovery(workdir / "hosts", HOSTS)
-        with Job([*horovodrun_elastic(discover, 3, 3, 3), sys.executable, str(WORKER)], logdir=workdir,
-                 name="launch", env=env) as job:
-            job.start()
-            deadline = time.monotonic() + seconds
-            while job.running() and time.monotonic() < deadline:
-                time.sleep(1.0)
-            failed = not job.running() and job.returncode != 0
-        if noise is not None:
-            noise.kill()
-            noise.wait()
+        try:
+            with Job([*horovodrun_elastic(discover, 3, 3, 3), sys.executable, str(WORKER)], logdir=workdir,
+                     name="launch", env=env) as job:
+                job.start()
+                deadline = time.monotonic() + seconds
+                while job.running() and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                # The log goes with the temporary directory: its tail is kept for the failure message.
+                failure = (f"the job exited {job.returncode}: {job.log_tail(600).strip()}"
+                           if not job.running() and job.returncode != 0 else None)
+        finally:
+            if noise is not None:
+                noise.kill()
+                noise.wait()
         records = EventLog.read(events)
-    if failed:
-        print(f"straggler_quiet: the job exited {job.returncode} (its log was in {workdir})", file=sys.stderr)
+    if failure:
+        print(f"straggler_quiet: {failure}", file=sys.stderr)
         return 1
     return report(args, records, load_at_start)
 
