@@ -28,6 +28,7 @@ from hvd_elastic.options import (
     add_service_argument,
     argparse_type,
     argument_type,
+    boolean,
     command_name,
     consul_config,
     env,
@@ -131,6 +132,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby-wait", type=non_negative_seconds, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
                         metavar="SECONDS", help="the longest a node waits for its standby before joining without one "
                                                 "(env HVD_ELASTIC_STANDBY_WAIT; default %(default)s)")
+    parser.add_argument("--straggler-drains", type=boolean, default=env("HVD_ELASTIC_STRAGGLER_DRAINS", "true"),
+                        metavar="BOOL",
+                        help="carry out a job's request to drain this node for being slow (straggler policy drain) "
+                             "and lift that drain after --straggler-cooldown (env HVD_ELASTIC_STRAGGLER_DRAINS; "
+                             "default %(default)s)")
+    parser.add_argument("--straggler-cooldown", type=positive_seconds,
+                        default=env("HVD_ELASTIC_STRAGGLER_COOLDOWN", "5m"), metavar="DURATION",
+                        help="how long a node drained for being slow stays out, doubled for each such drain after "
+                             "the first (env HVD_ELASTIC_STRAGGLER_COOLDOWN; default %(default)s)")
+    parser.add_argument("--straggler-cooldown-max", type=positive_seconds,
+                        default=env("HVD_ELASTIC_STRAGGLER_COOLDOWN_MAX", "1h"), metavar="DURATION",
+                        help="the longest cool-down the doubling reaches (env HVD_ELASTIC_STRAGGLER_COOLDOWN_MAX; "
+                             "default %(default)s)")
     parser.add_argument("--metrics-addr", type=metrics_addr, default=env(METRICS_ENV), metavar="[HOST]:PORT",
                         help="serve this agent's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds "
                              f"127.0.0.1) and advertise the port as Meta.metrics_port (env {METRICS_ENV}; default off)")
@@ -206,7 +220,23 @@ def build_agent(args: argparse.Namespace, metrics=None, metrics_port: int | None
         tags=tuple(args.tags if args.tags is not None else env_list("HVD_ELASTIC_TAGS")),
     )
     return NodeAgent(config, registration, probes, interval=interval(args),
-                     leave_timeout=args.leave_timeout, metrics=metrics, watch_maintenance=metrics_port is not None)
+                     leave_timeout=args.leave_timeout, metrics=metrics, watch_maintenance=metrics_port is not None,
+                     straggler_drains=straggler_drains(args, registration))
+
+
+def straggler_drains(args: argparse.Namespace, registration):
+    """The agent's StragglerDrains, None with ``--straggler-drains false``; ValueError for a cool-down past its
+    limit."""
+    from hvd_elastic.nodeagent.straggler_drain import StragglerDrains
+
+    if not args.straggler_drains:
+        return None
+    if args.straggler_cooldown > args.straggler_cooldown_max:
+        raise ValueError(f"{setting(args, 'straggler_cooldown', '--straggler-cooldown')} {args.straggler_cooldown:g}s "
+                         f"is longer than {setting(args, 'straggler_cooldown_max', '--straggler-cooldown-max')} "
+                         f"{args.straggler_cooldown_max:g}s (expected a cool-down at most its limit)")
+    return StragglerDrains(registration.service, registration.service_id, args.straggler_cooldown,
+                           args.straggler_cooldown_max)
 
 
 def interval(args: argparse.Namespace) -> float:

@@ -7,11 +7,12 @@ settings).  Discovery's hot read of ``/v1/health/service/:name`` is built by
 discovery itself (its query flags), on the same client.
 
 Paths and shapes follow Consul's HTTP API documentation (``/v1/agent/*``,
-``/v1/status/leader``); the dev agent serves the same.
+``/v1/kv/*``, ``/v1/status/leader``); the dev agent serves the same.
 """
 
 from __future__ import annotations
 
+import base64
 from urllib.parse import quote
 
 from hvd_elastic.consul import client
@@ -111,3 +112,39 @@ def set_maintenance(config: ConsulConfig, service_id: str, enable: bool, reason:
     query = [("enable", "true" if enable else "false")] + ([("reason", reason)] if reason else [])
     client.request(config, f"/v1/agent/service/maintenance/{_segment(service_id)}", query, method="PUT",
                    timeout=timeout)
+
+
+def agent_node_name(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """``GET /v1/agent/self``: the Consul node name of this agent (``Config.NodeName``)."""
+    answer = _object(config, "/v1/agent/self", client.get_json(config, "/v1/agent/self", timeout=timeout))
+    name = (answer.get("Config") or {}).get("NodeName")
+    if not isinstance(name, str) or not name:
+        raise ConsulError(f"Consul at {config.base_url} answered /v1/agent/self without Config.NodeName",
+                          retryable=False)
+    return name
+
+
+def kv_get(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
+    """``GET /v1/kv/:key``: the key's value, None when there is no such key.  One attempt."""
+    path = "/v1/kv/" + quote(key, safe="/")
+    try:
+        answer = client.get_json(config, path, timeout=timeout, retry=False)
+    except ConsulError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if not isinstance(answer, list) or not answer or not isinstance(answer[0], dict):
+        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not a KV entry",
+                          retryable=False)
+    value = answer[0].get("Value")
+    return b"" if value is None else base64.b64decode(value)
+
+
+def kv_put(config: ConsulConfig, key: str, value: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``PUT /v1/kv/:key``, the value stored as ``value``'s JSON; idempotent."""
+    client.request(config, "/v1/kv/" + quote(key, safe="/"), method="PUT", body=value, timeout=timeout)
+
+
+def kv_delete(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """``DELETE /v1/kv/:key`` (a missing key is no error in Consul)."""
+    client.request(config, "/v1/kv/" + quote(key, safe="/"), method="DELETE", timeout=timeout)

@@ -6,7 +6,9 @@ Drain puts every instance of the service registered on the LOCAL Consul agent
 horovodrun removes it at the next reset -- a graceful removal, so the
 survivors continue from memory without a rollback.  Undrain lifts it.  Both
 are idempotent.  The node agent keeps running meanwhile and never clears
-maintenance itself.
+maintenance itself, except a straggler drain of its own after its cool-down
+(:mod:`.straggler_drain`): a drain by hand of a node drained for being slow
+replaces that reason with its own, so the node stays out until undrained by hand.
 
 It talks to the agent through :mod:`hvd_elastic.consul.api`, the stdlib client
 discovery uses (drain sits on the path from "node must leave" to "job trains
@@ -23,6 +25,7 @@ import time
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.errors import HvdElasticError
+from hvd_elastic.health import stragglers
 
 
 def default_reason() -> str:
@@ -52,6 +55,11 @@ def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, 
         what = (f"service id {missing[0]!r} of service {service!r} is not" if missing
                 else f"no instance of service {service!r} is")
         raise NotRegistered(f"{what} registered on the Consul agent at {config.base_url}")
+    checks = api.agent_checks(config) if enable else {}
     for sid in targets:
+        current = checks.get(f"_service_maintenance:{sid}")
+        if isinstance(current, dict) and stragglers.parse_reason(str(current.get("Notes") or "")):
+            # Consul keeps the first reason of a service already in maintenance: make this drain the operator's.
+            api.set_maintenance(config, sid, False)
         api.set_maintenance(config, sid, enable, reason)
     return targets

@@ -30,6 +30,9 @@ Contract:
   service ID kept already by another live node agent of this host
   (``Meta.node_agent``: its pid and start time): taking it over would change
   that agent's slots and deregister it when this one stops.
+* With ``straggler_drains`` each tick also carries out a job's request to drain
+  this node for being slow, and lifts such a drain after its cool-down
+  (:mod:`.straggler_drain`).
 * :meth:`NodeAgent.close` deregisters the service (the CLI calls it on SIGTERM
   and SIGINT).  Maintenance mode (``hvd-elastic drain``) is a separate check the
   agent never touches while it runs, so a drained node stays drained.
@@ -58,6 +61,7 @@ from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.metrics.nodeagent import NodeAgentMetrics
 from hvd_elastic.nodeagent.leave import wait_for_leave
 from hvd_elastic.nodeagent.probes import CRITICAL, PASSING, Probe, ProbeResult, run_probes
+from hvd_elastic.nodeagent.straggler_drain import StragglerDrains
 
 log = logging.getLogger("hvd_elastic.nodeagent")
 
@@ -135,7 +139,8 @@ class NodeAgent:
     """Registers one service instance and reports probe results through its TTL check."""
 
     def __init__(self, config: ConsulConfig, registration: Registration, probes: Sequence[Probe], interval: float,
-                 leave_timeout: float = 0.0, metrics: NodeAgentMetrics | None = None, watch_maintenance: bool = False):
+                 leave_timeout: float = 0.0, metrics: NodeAgentMetrics | None = None, watch_maintenance: bool = False,
+                 straggler_drains: StragglerDrains | None = None):
         self.config = config
         self.leave_timeout = leave_timeout
         self.registration = registration
@@ -148,6 +153,7 @@ class NodeAgent:
         self._consul_ok: bool | None = None
         self.metrics = metrics or NodeAgentMetrics()
         self.watch_maintenance = watch_maintenance
+        self.straggler_drains = straggler_drains
 
     # -- Consul calls -------------------------------------------------------
 
@@ -252,6 +258,8 @@ class NodeAgent:
                 checks = api.agent_checks(self.config, self.timeout)
                 sid = self.registration.service_id
                 self.metrics.on_maintenance(sid, f"_service_maintenance:{sid}" in checks)
+            if self.straggler_drains is not None:
+                self.straggler_drains.tick(self.config, self.timeout)
             self._note_consul(None)
         except (ConsulError, ConfigError) as exc:
             self._note_consul(exc)
