@@ -251,3 +251,23 @@ def test_a_run_with_windows_and_no_straggler_says_so_and_one_without_windows_say
     assert make_report(tmp_path).text.splitlines()[-2] == "stragglers: none"
     write_lines(tmp_path / "events.jsonl", [event(0, "start"), event(1, "finish")])
     assert not any("straggler" in line for line in make_report(tmp_path).text.splitlines())
+
+
+def test_straggler_drains_are_in_the_summary_and_marked_in_the_picture(tmp_path):
+    from hvd_elastic.report.summary import draw_png
+
+    straggler = dict(size=3, slow_host="127.0.0.1", ratio=3.1, host_s=0.093, job_median_s=0.03, ranks=1, windows=3,
+                     window=20, policy="drain")
+    write_lines(tmp_path / "events.jsonl", [
+        event(0, "start", size=3), event(8, "straggler", **straggler),
+        event(8.1, "straggler_drain", size=3, slow_host="127.0.0.1", status="requested", why="figures",
+              instances=["127.0.0.1/horovod"]),
+        event(30, "straggler", **straggler),
+        event(30.1, "straggler_drain", size=3, slow_host="127.0.0.1", status="skipped",
+              why="the job would keep 2 of 3 ranks, below --min-np 3", instances=[]),
+        event(40, "finish", size=3)])
+    report = make_report(tmp_path)
+    lines = report.text.splitlines()
+    assert "straggler drain of 127.0.0.1 at 8.1 s: requested" in lines
+    assert "straggler drain of 127.0.0.1 at 30.1 s: skipped (the job would keep 2 of 3 ranks, below --min-np 3)" in lines
+    assert png_size(draw_png(report)) == SIZE_PX

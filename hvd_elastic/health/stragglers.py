@@ -96,7 +96,8 @@ def parse_reason(text: str) -> Drain | None:
 
 
 def cooldown(base: float, limit: float, count: int) -> float:
-    """Seconds drain number ``count`` keeps a host out: ``base``, doubled for each drain before it, at most ``limit``."""
+    """Seconds drain number ``count`` keeps a host out: ``base``, doubled for each drain before it, at most
+    ``limit``."""
     return min(limit, base * 2 ** min(count - 1, 32))
 
 

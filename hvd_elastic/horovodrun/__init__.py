@@ -10,9 +10,11 @@ Horovod does):
 * a ``PUT`` of ``/READY_SCOPE/RANK`` (body: the host name) by a rank of a
   forming world about to enter ``hvd.init()``, and ``GET`` :data:`WORLD_PATH`:
   the forming world as JSON, ``{"hosts": [host by rank], "present": [ranks
-  ready or already in Gloo's rendezvous], "doomed": "why" or ""}``.  A world is
-  doomed once one of its workers exited with a failure: it can never form
-  (:mod:`hvd_elastic.training._internal.rendezvous`).
+  ready or already in Gloo's rendezvous], "doomed": "why" or "", "min_np":
+  horovodrun's --min-np}``.  A world is doomed once one of its workers exited
+  with a failure: it can never form
+  (:mod:`hvd_elastic.training._internal.rendezvous`); ``min_np`` is the floor
+  a straggler drain respects (:mod:`hvd_elastic.training._internal.straggler_drain`).
 """
 
 SCOPE = "hvd_elastic"

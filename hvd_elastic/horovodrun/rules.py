@@ -610,7 +610,8 @@ def _world(driver: Any, server: Any) -> bytes:
         keys = set(server.cache.get(READY_SCOPE, {})) | set(server.cache.get(_GLOO_GLOBAL, {}))
     present = sorted(int(key) for key in keys if key.isdigit())
     hosts = [assignments[rank].hostname for rank in sorted(assignments)]
-    return json.dumps({"hosts": hosts, "present": present, "doomed": doomed}).encode()
+    return json.dumps({"hosts": hosts, "present": present, "doomed": doomed,
+                       "min_np": driver._min_num_proc}).encode()
 
 
 class _Signalled:

@@ -50,6 +50,7 @@ _COUNTERS = {
     "sync_bytes": "Bytes of state synchronised from rank 0 after resets.",
     "checkpoints_started": "Checkpoint writes started.",
     "stragglers_reported": "Hosts reported as stragglers (slow in several windows in a row), once per streak.",
+    "stragglers_drained": "Straggler drains asked of a node agent (straggler policy drain).",
 }
 
 
@@ -191,6 +192,11 @@ class JobMetrics(Collector):
         with self._lock:
             self.host_speed = dict(speeds)
             self.counters["stragglers_reported"] += int(stragglers)
+
+    def on_straggler_drain(self) -> None:
+        """Rank 0 asked a straggler's node agent to drain it."""
+        with self._lock:
+            self.counters["stragglers_drained"] += 1
 
     def on_checkpoint_started(self) -> None:
         with self._lock:

@@ -45,6 +45,7 @@ def draw(run: RunLog, timeline: Timeline, path: str | Path) -> Path:
         _draw_loss(ax_loss, run, t0, gaps)
         _draw_sizes(ax_size, run, t0, gaps)
         _draw_changes(ax_loss, ax_size, timeline, t0)
+        _draw_drains(ax_size, run, t0)
         for ax, where in ((ax_loss, "upper right"), (ax_size, "lower right")):
             if ax.get_legend_handles_labels()[0]:  # an empty run has nothing to explain
                 ax.legend(loc=where, fontsize=8, framealpha=0.9)
@@ -100,6 +101,17 @@ def _draw_changes(ax_loss, ax_size, timeline: Timeline, t0: float) -> None:
             ax_loss.annotate(text, xy=(at, 1.0 if number % 2 == 0 else 0.7), xycoords=("data", "axes fraction"),
                              xytext=(2, -4), textcoords="offset points", rotation=90, va="top", fontsize=8,
                              color=colour)
+
+
+def _draw_drains(ax, run: RunLog, t0: float) -> None:
+    """A marker at the top of the size panel where a straggler's drain was asked for, its host named."""
+    drains = [e for e in run.events if e["event"] == "straggler_drain" and e.get("status") == "requested"]
+    for i, event in enumerate(drains):
+        at = event["time"] - t0
+        ax.plot([at], [1.0], marker="v", color="tab:brown", markersize=9, transform=ax.get_xaxis_transform(),
+                clip_on=False, linestyle="none", label="straggler drain asked" if i == 0 else None)
+        ax.annotate(str(event.get("slow_host", "")), xy=(at, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(4, -10), textcoords="offset points", fontsize=8, color="tab:brown")
 
 
 def _split(points: Sequence[tuple[float, float]], gaps: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:

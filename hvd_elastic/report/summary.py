@@ -75,14 +75,11 @@ def _pace(run: RunLog, timeline: Timeline) -> list[str]:
     """A line per ``straggler`` event (else ``stragglers: none``), then each host's speed in the last window;
     nothing for a run without straggler windows (too short, one rank, or the detector off)."""
     windows = [e for e in run.events if e["event"] == "pace" and isinstance(e.get("hosts"), dict)]
-    reported = [e for e in run.events if e["event"] == "straggler"]
+    reported = [e for e in run.events if e["event"] in ("straggler", "straggler_drain")]
     if not windows and not reported:
         return []
     t0 = timeline.start or 0.0
-    lines = [f"straggler: {e.get('slow_host', '?')} at {e['time'] - t0:.1f} s: {e['ratio']:.2f}x the job's median "
-             f"own work per step ({e['host_s']:.4f} s vs {e['job_median_s']:.4f} s) in {e.get('windows', '?')} "
-             f"windows of {e.get('window', '?')} commits in a row; policy {e.get('policy', '?')}"
-             for e in reported] or ["stragglers: none"]
+    lines = [_straggler_line(e, e["time"] - t0) for e in reported] or ["stragglers: none"]
     if windows:
         last = windows[-1]
         speeds = [f"{host} {1 / h['ratio']:.2f}" for host, h in last["hosts"].items()
@@ -92,6 +89,17 @@ def _pace(run: RunLog, timeline: Timeline) -> list[str]:
                      f"{f', {median:.4f} s of own work per step' if isinstance(median, (int, float)) else ''}): "
                      f"{', '.join(speeds) or '-'}")
     return lines
+
+
+def _straggler_line(event: dict, at: float) -> str:
+    if event["event"] == "straggler_drain":
+        status = event.get("status", "?")
+        why = "" if status == "requested" else f" ({event.get('why', '')})"
+        return f"straggler drain of {event.get('slow_host', '?')} at {at:.1f} s: {status}{why}"
+    return (f"straggler: {event.get('slow_host', '?')} at {at:.1f} s: {event['ratio']:.2f}x the job's median own "
+            f"work per step ({event['host_s']:.4f} s vs {event['job_median_s']:.4f} s) in "
+            f"{event.get('windows', '?')} windows of {event.get('window', '?')} commits in a row; policy "
+            f"{event.get('policy', '?')}")
 
 
 def _exactly_once(directory: Path) -> tuple[str | None, bool | None]:

@@ -41,7 +41,14 @@ Every record has ``time`` (Unix seconds) and ``event``; the decorator adds
 ``straggler``       a host was slow in ``windows`` windows in a row (once
                     per streak): ``slow_host``, ``ratio``, ``host_s``,
                     ``job_median_s``, ``ranks``, ``window`` (commits each),
-                    ``policy`` (``report``: nothing was done)
+                    ``policy`` (``report``: nothing was done; ``drain``:
+                    a ``straggler_drain`` record follows)
+``straggler_drain`` policy ``drain``: what became of the slowest new
+                    straggler of a window: ``slow_host``, ``status``
+                    (``requested``: its node agent was asked; ``skipped``
+                    with ``why``: a limit held; ``refused``: Consul's ACLs;
+                    ``failed``), ``why``, ``instances`` (``node/service id``
+                    asked); see ``training/_internal/straggler_drain.py``
 ``finish``          the training function returned: ``commit_count``
 ``abort``           the call ended with an exception: ``error``
 =================== ==========================================================
@@ -65,7 +72,7 @@ log = logging.getLogger(__name__)
 
 #: Every event the decorator and its checkpoint writer append (the table above).
 EVENTS = ("start", "resume", "checkpoint_skipped", "commit", "sync", "restore", "reset", "checkpoint",
-          "checkpoint_error", "pace", "straggler", "finish", "abort")
+          "checkpoint_error", "pace", "straggler", "straggler_drain", "finish", "abort")
 
 
 class EventLog:

@@ -38,7 +38,10 @@ Each call of the decorated function:
    figures in one small allgather and judges each host against the job's median
    (:mod:`hvd_elastic.training._internal.pace`): a host slow in several windows in a row
    is a straggler, reported by rank 0 as a ``straggler`` event and a warning (policy
-   ``report``, the default; ``off`` measures nothing).  Rank 0's policy, handed to every
+   ``report``, the default; ``off`` measures nothing).  Under policy ``drain`` rank 0
+   also asks the slow host's node agent, through Consul, to drain it (one host per
+   window, never below ``--min-np``: :mod:`hvd_elastic.training._internal.straggler_drain`),
+   and the node agent readmits it after a cool-down.  Rank 0's policy, handed to every
    rank at each sync, decides for all.
 5. Keeps the job's Prometheus metrics on every rank (:mod:`hvd_elastic.metrics.job`:
    world size, resets by cause and their phases, steps, commits, syncs, checkpoints),
@@ -73,7 +76,7 @@ from hvd_elastic.envvars import horovod_hostname
 from hvd_elastic.metrics.exporter import Exporter
 from hvd_elastic.metrics.job import JobMetrics
 from hvd_elastic.training import settings as worker_settings
-from hvd_elastic.training._internal import forksafe, objects, pace, rendezvous, shared_dir
+from hvd_elastic.training._internal import forksafe, objects, pace, rendezvous, shared_dir, straggler_drain
 from hvd_elastic.training._internal.compat import HostUpdateResult, notification_manager
 from hvd_elastic.training.checkpoint import CheckpointManager, check_policy
 from hvd_elastic.training._internal.elastic_loop import run_elastic
@@ -120,10 +123,14 @@ class RunConfig:
         straggler: what to do about a straggler, a host whose own work per step
             (its time outside the gradient allreduce's wait) stays well above the
             job's median: ``"report"`` (a ``straggler`` event, a warning, the
-            ``hvd_elastic_host_relative_speed`` gauge; never an action) or ``"off"``
-            (nothing measured).  None reads ``HVD_ELASTIC_STRAGGLER`` (default
-            ``report``: it costs one small allgather per window and cannot hurt a
-            job; draining is phase 2's).  Rank 0's setting decides.
+            ``hvd_elastic_host_relative_speed`` gauge; never an action), ``"drain"``
+            (the same, and the slowest straggler of a window is drained through its
+            node agent, which readmits it after a cool-down; a
+            ``straggler_drain`` event says what became of it) or ``"off"`` (nothing
+            measured).  None reads ``HVD_ELASTIC_STRAGGLER`` (default ``report``: it
+            costs one small allgather per window and cannot hurt a job; ``drain``
+            changes the job's membership, which its owner opts into).  Rank 0's
+            setting decides.
         straggler_threshold: a host is slow in a window when its median own work is
             at least this many times the job's median (and beyond the ranks'
             spread); > 1.  None reads ``HVD_ELASTIC_STRAGGLER_THRESHOLD`` (1.5).
@@ -135,7 +142,7 @@ class RunConfig:
     Raises:
         ValueError: a checkpoint setting that makes no sense; a
             :class:`~hvd_elastic.envvars.ConfigError` (one line naming the field and
-            its value) for a straggler setting: a policy other than ``report`` or ``off``,
+            its value) for a straggler setting: a policy other than ``report``, ``drain`` or ``off``,
             a threshold <= 1, a window or windows < 1.
     """
 
@@ -258,6 +265,7 @@ class _Session:
         self._pace_policy = pace.PacePolicy.resolve(config.straggler_settings(), self.settings)
         self._pace = pace.Pace(self._pace_policy)
         self._streaks = pace.Streaks(self._pace_policy.windows)
+        self._drainer = straggler_drain.Drainer()  # rank 0's, policy drain
         self._paced = False  # the state tells us its commits (a TrainingState): there is something to time
         if self.checkpoints is not None and self.checkpoints.checkpoints():
             self._announce_resumable()  # a relaunched job can resume before its first sync has loaded one
@@ -306,6 +314,7 @@ class _Session:
         self._refresh_rank()
         self._entries += 1
         self._pace.restart()  # a new world (or the same after a failure): every rank's windows start over
+        self._drainer.new_world()
         self.metrics.on_world(self._rank, self._size)
         self._serve_metrics()
         if self._entries == 1:
@@ -435,9 +444,11 @@ class _Session:
 
     def _judge_pace(self, closed: pace.Closed) -> None:
         """Collective, at a window's close on every rank: gather the figures, judge them (every rank alike,
-        so a new rank 0 keeps the streaks), and have rank 0 report the window and any new straggler."""
+        so a new rank 0 keeps the streaks), and have rank 0 report the window and any new straggler, and
+        under policy ``drain`` ask for the slowest one's drain."""
         policy = self._pace.policy
-        verdict = pace.judge(pace.exchange(self._host, closed.median), policy.threshold)
+        figures = pace.exchange(self._host, closed.median)
+        verdict = pace.judge(figures, policy.threshold)
         stragglers = self._streaks.update(verdict)
         self.metrics.on_pace({host.host: host.speed for host in verdict.hosts}, len(stragglers))
         if verdict.job_median_s is None:
@@ -445,23 +456,39 @@ class _Session:
         self._emit("pace", job_median_s=round(verdict.job_median_s, 6), judged=verdict.judged,
                    hosts={h.host: {"s": round(h.seconds, 6), "ratio": round(h.ratio, 3), "ranks": h.ranks,
                                    "slow": h.slow} for h in verdict.hosts})
-        for host in stragglers:
-            self._on_straggler(host, verdict.job_median_s, policy)
-
-    def _on_straggler(self, host: pace.HostPace, job_median_s: float, policy: pace.PacePolicy) -> None:
-        """``host`` was slow in ``policy.windows`` windows in a row.  Policy ``report``: say so (rank 0).
-
-        The seam of phase 2: a ``drain`` policy would act here, on rank 0, within its limits.
-        """
         if self._rank != 0:
             return
+        for host in stragglers:
+            self._on_straggler(host, verdict.job_median_s, policy)
+        slowest = straggler_drain.choose(stragglers)
+        if policy.mode == "drain" and slowest is not None:
+            self._drain(slowest, verdict.job_median_s, len({host for host, _ in figures}), policy)
+
+    def _on_straggler(self, host: pace.HostPace, job_median_s: float, policy: pace.PacePolicy) -> None:
+        """Rank 0: ``host`` was slow in ``policy.windows`` windows in a row; say so."""
+        action = "asking for its drain" if policy.mode == "drain" else "nothing is done about it"
         log.warning("straggler: host %s takes %.2fx the job's median own work per step (%.4f s vs %.4f s) in "
-                    "%d windows of %d commits in a row; policy %s: nothing is done about it",
-                    host.host, host.ratio, host.seconds, job_median_s, policy.windows, policy.window, policy.mode)
+                    "%d windows of %d commits in a row; policy %s: %s", host.host, host.ratio, host.seconds,
+                    job_median_s, policy.windows, policy.window, policy.mode, action)
         # The slow host is ``slow_host``: ``host`` is already the writer's own in every record.
         self._emit("straggler", slow_host=host.host, ratio=round(host.ratio, 3), host_s=round(host.seconds, 6),
                    job_median_s=round(job_median_s, 6), ranks=host.ranks, windows=policy.windows,
                    window=policy.window, policy=policy.mode)
+
+    def _drain(self, host: pace.HostPace, job_median_s: float, hosts: int, policy: pace.PacePolicy) -> None:
+        """Rank 0, policy ``drain``: ask for ``host``'s drain within the limits (:mod:`.straggler_drain`)."""
+        outcome = self._drainer.drain(host, job_median_s, self._size, hosts, policy)
+        if outcome.status == straggler_drain.REQUESTED:
+            self.metrics.on_straggler_drain()
+            log.warning("straggler: asked the node agent of %s (%s) to drain it", host.host,
+                        ", ".join(outcome.instances))
+        elif outcome.status == straggler_drain.REFUSED:
+            log.warning("straggler: Consul refused the drain of %s (%s); this job only reports stragglers from now "
+                        "on", host.host, outcome.why)
+        else:
+            log.warning("straggler: %s is not drained: %s", host.host, outcome.why)
+        self._emit("straggler_drain", slow_host=host.host, status=outcome.status, why=outcome.why,
+                   instances=list(outcome.instances))
 
     def _log_progress(self, path: str | os.PathLike, commit_count: int | None) -> None:
         values = getattr(self.state, "values", None) or {}

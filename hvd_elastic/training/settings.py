@@ -55,8 +55,8 @@ HEALTH_CUT_ENV, FORK_SAFETY_ENV = "HVD_ELASTIC_HEALTH_CUT", "HVD_ELASTIC_FORK_SA
 CHECKPOINT_LOCAL_ENV = "HVD_ELASTIC_CHECKPOINT_LOCAL"
 STRAGGLER_ENV, STRAGGLER_THRESHOLD_ENV = "HVD_ELASTIC_STRAGGLER", "HVD_ELASTIC_STRAGGLER_THRESHOLD"
 STRAGGLER_WINDOW_ENV, STRAGGLER_WINDOWS_ENV = "HVD_ELASTIC_STRAGGLER_WINDOW", "HVD_ELASTIC_STRAGGLER_WINDOWS"
-#: What the straggler detector may do (:mod:`hvd_elastic.training._internal.pace`); ``drain`` comes with phase 2.
-STRAGGLER_POLICIES = ("off", "report")
+#: What the straggler detector may do (:mod:`hvd_elastic.training._internal.pace`, ``.straggler_drain``).
+STRAGGLER_POLICIES = ("off", "report", "drain")
 #: The straggler settings' types, shared by their variables and ``RunConfig``'s fields (one rule, two spellings).
 STRAGGLER_POLICY = Check(str, lambda v: v in STRAGGLER_POLICIES, f"one of {', '.join(STRAGGLER_POLICIES)}")
 STRAGGLER_THRESHOLD = Check(float, lambda v: 1 < v < float("inf"), "a number > 1")
@@ -94,8 +94,10 @@ VARIABLES = (
              "What `@hvd_elastic.run` does about a host whose own work per step is well above the job's median "
              "(a straggler): `report` measures every rank, gathers the figures once per window and, for a host slow "
              "in `HVD_ELASTIC_STRAGGLER_WINDOWS` windows in a row, writes a `straggler` event and a warning and "
-             "sets its relative-speed gauge; it never acts. `off` measures nothing. `RunConfig(straggler=...)` "
-             "wins; rank 0's value decides."),
+             "sets its relative-speed gauge; it never acts. `drain` does the same and asks the slowest such host's "
+             "node agent, through Consul, to drain it (one host per window, never below `--min-np`, never the only "
+             "host); the node agent readmits it after `--straggler-cooldown`. `off` measures nothing. "
+             "`RunConfig(straggler=...)` wins; rank 0's value decides."),
     Variable(STRAGGLER_THRESHOLD_ENV, "straggler_threshold", STRAGGLER_THRESHOLD, "1.5",
              "A host is slow in a window when its median own work per step is at least this many times the job's "
              "median (and above the median by 3 scaled MADs of the ranks' figures)."),

@@ -129,7 +129,7 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
     server = RendezvousServer()
     # finished: rule 7's check, 5 s after the doom, finds the job over and ends nothing.
     driver = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server,
-                             finished=lambda: True)
+                             finished=lambda: True, _min_num_proc=2)
     port = server.start(gloo_run.create_rendezvous_handler(driver))
     try:
         first = plan("a", "b", "c")
@@ -137,6 +137,7 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         driver._rank_assignments = {slot.rank: slot for slot in first}
         client = Server("127.0.0.1", port)
         assert client.world().hosts == ("a", "b", "c") and not client.world().present
+        assert client.world().min_np == 2  # the floor of a straggler drain
         client.request("PUT", "/hvd_elastic_ready/0", b"a")
         client.request("PUT", "/global/2", b"gloo address")
         assert client.world().present == {0, 2} and client.world().doomed == ""

@@ -6,7 +6,8 @@ CPU work (forward, backward, the gradient allreduce), so a throttled rank is rea
 
 Environment:
     EVENT_LOG      the event log (the straggler settings come as ``HVD_ELASTIC_STRAGGLER*`` variables)
-    STEPS          global steps to train (200)
+    STEPS          global steps to train (200) at the first world's size, or
+    SAMPLES        ... samples to train (a job whose size changes: every rank must agree on them)
     BATCH          samples per rank per step (1024)
     SLOW_HOST      the worker on this host (``HOROVOD_HOSTNAME``) is made slow, by
     SLOW_CGROUP    ... moving itself into this cgroup v1 cpu group (the test set its CFS quota), or
@@ -69,7 +70,7 @@ def main() -> None:
     torch.set_num_threads(1)
     factor = slow_down()
     torch.manual_seed(0)
-    samples = STEPS * BATCH * hvd.size()
+    samples = int(os.environ.get("SAMPLES") or STEPS * BATCH * hvd.size())
     dataset = Cycled(samples)
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH),
                                 torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))

@@ -303,7 +303,7 @@ def test_a_window_that_cannot_be_judged_breaks_every_streak():
     ("windows", 0, "straggler_windows=0 is not a positive integer"),
     ("windows", 2.5, "straggler_windows=2.5 is not a positive integer"),
     ("window", True, "straggler_window=True is not a positive integer"),
-    ("mode", "drain", "straggler='drain' is not one of off, report"),
+    ("mode", "Drain", "straggler='Drain' is not one of off, report, drain"),
     ("warmup", -1, "warmup=-1 is not an integer >= 0"),
 ])
 def test_a_policy_that_makes_no_sense_is_one_line_naming_the_value(field, value, expected):

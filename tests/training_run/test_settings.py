@@ -49,8 +49,8 @@ THRESHOLD = "a number > 1"
 
 
 @pytest.mark.parametrize("name, raw, expected", [
-    ("HVD_ELASTIC_STRAGGLER", "drain", "one of off, report"),  # phase 2's
-    ("HVD_ELASTIC_STRAGGLER", "on", "one of off, report"),
+    ("HVD_ELASTIC_STRAGGLER", "drained", "one of off, report, drain"),
+    ("HVD_ELASTIC_STRAGGLER", "on", "one of off, report, drain"),
     ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "1", THRESHOLD),
     ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "0.8", THRESHOLD),
     ("HVD_ELASTIC_STRAGGLER_THRESHOLD", "inf", THRESHOLD),

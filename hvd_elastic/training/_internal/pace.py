@@ -60,11 +60,10 @@ deviation, so neither rule could tell a slow host from a noisy pair.  A host
 holding half the ranks or more moves the median itself: it is the job's
 pace, not a straggler.
 
-**Phase 2 seam.**  :class:`Streaks` returns the hosts that became
-stragglers; ``report`` logs them, and a ``drain`` policy would act on that
-same list, on rank 0, within its own limits (``--min-np``, one host per
-window, never the only host of its kind), with the node agent lifting the
-drain after a cool-down.
+**What is done about it.**  :class:`Streaks` returns the hosts that became
+stragglers; rank 0 reports them, and under policy ``drain`` asks for the
+slowest one's drain within its limits (:mod:`.straggler_drain`), the node
+agent lifting the drain after a cool-down.
 
 Contract:
 
@@ -105,8 +104,8 @@ class PacePolicy:
     The default policy is ``report``: it costs a clock read per commit, a wrapper around
     ``synchronize()`` and one allgather of a few dozen bytes per rank every ``window`` commits, and it
     never acts, so it cannot hurt a job; what it finds (an event, a warning, a gauge) is what an
-    operator needs to act.  ``drain`` changes the job's membership, so it waits for phase 2 and its
-    proof of no false drains.
+    operator needs to act.  ``drain`` changes the job's membership and needs node agents that carry
+    out requests: its owner opts in.
 
     Raises:
         ConfigError: a policy not in ``STRAGGLER_POLICIES``, a threshold <= 1, a window or windows < 1.

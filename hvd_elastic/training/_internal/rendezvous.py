@@ -107,7 +107,9 @@ class Server:
         if status != 200:
             raise OSError(f"rendezvous server {self.addr}:{self.port} answered {status} to {WORLD_PATH}")
         fields = json.loads(body)
-        return World(tuple(fields["hosts"]), frozenset(fields["present"]), fields["doomed"])
+        min_np = fields.get("min_np")
+        return World(tuple(fields["hosts"]), frozenset(fields["present"]), fields["doomed"],
+                     min_np if isinstance(min_np, int) and not isinstance(min_np, bool) else None)
 
     def waiting(self, ranks: Iterable[int]) -> set[int]:
         """Those of ``ranks`` that have published their address in the forming world."""
@@ -121,11 +123,13 @@ def gloo_timeout() -> float:
 
 @dataclass(frozen=True)
 class World:
-    """A forming world: its hosts by rank, the ranks that arrived, and why it cannot form ('' while it can)."""
+    """A forming world: its hosts by rank, the ranks that arrived, why it cannot form ('' while it can), and
+    horovodrun's ``--min-np`` (None from rules that do not say)."""
 
     hosts: tuple[str, ...]
     present: frozenset[int]
     doomed: str
+    min_np: int | None = None
 
 
 def rank_and_size(answer: str) -> tuple[int, int]:
