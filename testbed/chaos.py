@@ -262,6 +262,9 @@ class SoakConfig:
     # The user's plain command as README gives it: horovodrun alone, no blacklist cooldown, no hvd-elastic launch
     # (a job death or a stuck job ends the soak).
     plain: bool = False
+    # The job's straggler policy (not in a plain soak, which keeps the default): drain, so any drain in a soak
+    # (where no host is slow) is counted as a false one.
+    straggler: str = "drain"
 
     def __post_init__(self):
         if self.max_impaired is None:
@@ -345,7 +348,8 @@ class Soak:
                                           "--checkpoint-every", "5", out=self.out,
                                           horovodrun_args=() if plain else COOLDOWN,
                                           max_restarts=None if plain else self.config.relaunches,
-                                          stall_timeout=self.config.stall_timeout)
+                                          stall_timeout=self.config.stall_timeout,
+                                          env=None if plain else {"HVD_ELASTIC_STRAGGLER": self.config.straggler})
         self.cluster.wait_steps(self.job, size=len(self.state) * self.cluster.slots, steps=5,
                                 timeout=self.config.hang_limit)
         return self.job
@@ -517,6 +521,9 @@ class Soak:
         result = verdict(self.out)
         summary = summarise(self.out, self.config.bound)
         summary["problems"] = run_problems(self.out, result)
+        # No host of a soak is slow: a straggler drain there is a false one.
+        summary["false_drains"] = [e for e in read_run(self.out).events
+                                   if e["event"] == "straggler_drain" and e.get("status") == "requested"]
         summary.update(seed=self.config.seed, mtbf=self.config.mtbf, hosts=self.config.hosts, lost=result.lost,
                        not_back=self.not_back,
                        duplicated=result.duplicated, identical=result.params_identical, epochs=result.epochs,
@@ -596,6 +603,7 @@ def format_summary(summary: dict) -> str:
                  f"{summary.get('lost', '?')}, duplicated {summary.get('duplicated', '?')}; steps {summary['steps']}, "
                  f"rolled back {summary['rolled_back']}; trained {'-' if share is None else f'{share:.0%}'} of "
                  f"{summary['wall_s']:.0f} s; faults not recovered within the bound: {len(summary['slow'])}; "
+                 f"false straggler drains: {len(summary.get('false_drains', ()))}; "
                  f"problems: {len(summary['problems'])}")
     if summary.get("not_back"):
         lines.append(f"at the end the job did not grow back to every host: {summary['not_back']}")

@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="samples per rank per step")
     parser.add_argument("--epochs", type=int, default=1000, help="upper bound; DIR/stop ends training sooner")
     parser.add_argument("--step-sleep", type=float, default=0.1)
+    parser.add_argument("--sample-cpu", type=float, default=0.0, help="CPU seconds of busy work per sample")
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="commits between checkpoints")
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT/ckpt)")
@@ -186,13 +187,21 @@ def main(argv: list[str] | None = None) -> None:
     write_final(args.out, model, optimizer, scheduler, state, args.samples)
 
 
-def _step(model, optimizer, scheduler, x, y, step_samples: int) -> torch.Tensor:
+def _step(model, optimizer, scheduler, x, y, step_samples: int, cpu: float = 0.0) -> torch.Tensor:
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / step_samples
     loss.backward()
+    _burn(cpu)  # before optimizer.step(): the gradient allreduce's wait comes after this rank's work
     optimizer.step()
     scheduler.step()
     return loss
+
+
+def _burn(seconds: float) -> None:
+    """Keep this thread busy until it has used ``seconds`` of CPU time (wall time grows under a CPU quota)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 class _BrokenRestore:
@@ -243,7 +252,7 @@ def _hvd_elastic_job(args, dataset, model, optimizer, scheduler, evidence):
             for batch in loader:
                 indices, x, y = batch if batch is not None else empty
                 evidence.tracked_batch(state, sampler, indices)
-                loss = _step(model, optimizer, scheduler, x, y, sampler.samples_this_step)
+                loss = _step(model, optimizer, scheduler, x, y, sampler.samples_this_step, args.sample_cpu * len(x))
                 evidence.applied(state)
                 step_loss(loss)
                 sampler.record_batch()
@@ -278,7 +287,7 @@ def _horovod_job(args, dataset, model, optimizer, scheduler, evidence):
             # As Horovod's elastic examples do: the index within this pass over the loader.
             for i, (indices, x, y) in enumerate(loader):
                 evidence.batch([state.epoch, state.batch, hvd.size(), args.batch], indices)
-                _step(model, optimizer, scheduler, x, y, args.batch * hvd.size())
+                _step(model, optimizer, scheduler, x, y, args.batch * hvd.size(), args.sample_cpu * len(x))
                 sampler.record_batch(i, args.batch)
                 state.batch += 1
                 state.step += 1

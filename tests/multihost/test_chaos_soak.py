@@ -5,7 +5,8 @@ carried in every failure message, so a failure replays with
 ``benchmarks/chaos_soak.py --seed SEED``); the variety of schedules is the
 long soak's job, which draws 200 and more.  It must end with the fault
 matrix's verdict on the whole run (no hang, every sample once, identical
-state, no durable checkpoint lost) and nothing of the bed left behind.  The
+state, no durable checkpoint lost), no straggler drain (the job runs policy
+``drain`` and no host is slow) and nothing of the bed left behind.  The
 faults after which the job took longer than the bound are printed, not
 judged: timings belong to the benchmark.  The long soak (200+ faults) is
 ``benchmarks/chaos_soak.py``.
@@ -61,4 +62,5 @@ def test_twenty_overlapping_faults_lose_nothing(tmp_path, reliability):
                  "identical": summary["identical"]})
     assert summary["injected"] == config.faults, f"seed {seed}: {format_summary(summary)}"
     assert not summary["problems"], f"seed {seed}: {summary['problems']}"
+    assert summary["false_drains"] == [], f"seed {seed}: no host was slow, yet drained: {summary['false_drains']}"
     assert not left_behind(tmp_path), f"seed {seed}: left behind {left_behind(tmp_path)}"

@@ -33,7 +33,7 @@ def test_a_slow_host_is_drained_and_readmitted(cluster, node_agents, tmp_path):
     events = tmp_path / "events.jsonl"
     with slow_host(SLOW) as slow_env:
         env = child_env(discovery_state=tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local, EVENT_LOG=str(events),
-                        HOROVOD_GLOO_TIMEOUT_SECONDS="60", SAMPLES=str(3 * BATCH * 260), BATCH=str(BATCH),
+                        HOROVOD_GLOO_TIMEOUT_SECONDS="60", SAMPLES=str(3 * BATCH * 160), BATCH=str(BATCH),
                         HVD_ELASTIC_STRAGGLER="drain", HVD_ELASTIC_STRAGGLER_WINDOW="20",
                         HVD_ELASTIC_STRAGGLER_WINDOWS="3", **slow_env)
         cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {local}", 3, 2, 3), sys.executable, str(WORKER)]
