@@ -4,7 +4,7 @@ Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
 ``gloo_run.py``) was written for a fixed pool of machines; under churn its
 rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
 hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
-with ``HVD_ELASTIC_DRIVER=1``, seven of them change (``HVD_ELASTIC_DRIVER=0``
+with ``HVD_ELASTIC_DRIVER=1``, eight of them change (``HVD_ELASTIC_DRIVER=0``
 keeps Horovod's):
 
 1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
@@ -75,6 +75,15 @@ keeps Horovod's):
    :data:`~.slots.GRACE_S` after a world is doomed, its workers that never got
    through ``hvd.init()`` and have not asked for the next world are ended, and
    their hosts spared (:mod:`.slots`).
+8. **The job's end is no joiner's failure.**  A worker that exits 0 has
+   returned from the training function: the job is done.  Join-ahead keeps
+   the survivors training while a joiner starts, so a host that joins in the
+   job's last seconds is still waiting in the next world's rendezvous when
+   the survivors exit; it waited out its Gloo timeout, and horovodrun then
+   exited 1 for a job that had finished.  Once a worker exits 0 and no worker
+   that got through ``hvd.init()`` is still running, the workers still
+   joining are ended, and the exit of a worker that never got through
+   ``hvd.init()`` counts as 0 from then on (:mod:`.slots` tells them apart).
 
 Contract:
 
@@ -141,6 +150,7 @@ class Job:
     decay: bool = False  # the default cooldown, whose failure count decays (an explicit one is Horovod's as given)
     all_failed: int = 0
     stopped: bool = False  # the driver's stop() ran: rule 3 and 4's guards are in place
+    done: bool = False  # a worker exited 0: the training function returned, the job is over (rule 8)
     sent_away: dict[str, float] = dataclasses.field(default_factory=dict)  # client address -> last 503 (monotonic)
     spared: set[str] = dataclasses.field(default_factory=set)  # hosts not blacklisted in this round
     workers: slots.Workers = dataclasses.field(default_factory=slots.Workers)  # rule 7's handles
@@ -266,6 +276,7 @@ def _patch_driver_lifecycle(cls: Any) -> None:
         def _handle_worker_exit(self, slot_info, exit_code, timestamp):
             job = _job(self)
             if job is not None:
+                exit_code = _after_the_end(job, (slot_info.hostname, slot_info.local_rank), exit_code)  # rule 8
                 job.exits[(slot_info.hostname, slot_info.local_rank)] = exit_code
                 if exit_code != 0 and not self.finished() and \
                         self.has_rank_assignment(slot_info.hostname, slot_info.local_rank):
@@ -314,6 +325,21 @@ def _patch_driver_lifecycle(cls: Any) -> None:
     _wrap(cls, "register_worker_server", register_worker_server)
     _wrap(cls, "start", _with_own_events)
     _wrap(cls, "get_results", get_results)
+
+
+def _after_the_end(job: Job, slot: tuple[str, int], exit_code: int) -> int:
+    """Rule 8: the exit code to record for ``slot``'s worker, and the joiners to end once the job is done."""
+    if exit_code == 0:
+        job.done = True
+    elif job.done and not job.workers.exited_registered(slot):
+        log.warning("hvd-elastic: %s[%d] exited %d after the job finished, before it ever joined: counted as done",
+                    *slot, exit_code)
+        exit_code = 0
+    if job.done and not job.workers.any_registered():
+        for host, local_rank in job.workers.unregistered():
+            log.warning("hvd-elastic: the job finished while %s[%d] was joining: ending it", host, local_rank)
+            job.workers.end((host, local_rank))
+    return exit_code
 
 
 def _with_own_events(original):

@@ -60,6 +60,7 @@ class Workers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: dict[Slot, _Worker] = {}
+        self._last_exit_registered: dict[Slot, bool] = {}  # whether a slot's last worker got through hvd.init()
 
     def wrap(self, create_worker_fn: Callable) -> Callable:
         """``create_worker_fn`` (gloo_run's: runs one worker to its end) with this slot's own event added."""
@@ -79,6 +80,7 @@ class Workers:
                 return exit_code, timestamp
             finally:
                 with self._lock:
+                    self._last_exit_registered[key] = worker.registered
                     if self._running.get(key) is worker:
                         del self._running[key]
         return create_worker
@@ -93,6 +95,16 @@ class Workers:
     def unregistered(self) -> list[Slot]:
         with self._lock:
             return sorted(key for key, worker in self._running.items() if not worker.registered)
+
+    def any_registered(self) -> bool:
+        """Whether a running worker got through ``hvd.init()`` (it trained, or trains)."""
+        with self._lock:
+            return any(worker.registered for worker in self._running.values())
+
+    def exited_registered(self, slot: Slot) -> bool:
+        """Whether the worker that last exited from ``slot`` had got through ``hvd.init()``."""
+        with self._lock:
+            return self._last_exit_registered.get(slot, False)
 
     def end(self, slot: Slot) -> None:
         """Have ``safe_shell_exec`` terminate the worker in ``slot`` (SIGTERM to its session, then SIGKILL)."""

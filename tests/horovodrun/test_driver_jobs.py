@@ -32,7 +32,11 @@ turns into a dead or wedged job, reproduced directly (no soak):
 * a worker is stuck inside a given-up world's rendezvous (past the store, connecting to a peer cut off;
   here it sleeps before ``hvd.init()``, which the driver cannot tell apart): the round never ends
   without it, so the job waits out the connection timeout, minutes; here it is ended 5 s after the
-  world was given up and the next world trains.
+  world was given up and the next world trains;
+* the job finishes while a host joins (join-ahead keeps the survivor training while the joiner
+  starts; here the joiner sleeps before ``hvd.init()``): horovodrun waits for the joiner, which waits
+  out its Gloo timeout and fails, and then exits 1 for a job that finished; here the joiner is ended
+  as the survivor exits and horovodrun exits 0.
 """
 
 from __future__ import annotations
@@ -85,12 +89,12 @@ def start(tmp_path: Path, *, min_np: int, max_np: int = 2, args: tuple[str, ...]
 
 
 def launch(tmp_path: Path, out: Path, *, min_np: int, max_np: int = 2, args: tuple = (), hosts: str = BOTH,
-           name: str = "horovodrun", **env: str) -> Job:
-    """The job on ``hosts`` writing to ``out``, started (a host file of its own per ``name``)."""
+           name: str = "horovodrun", np: int = 2, **env: str) -> Job:
+    """The job on ``hosts`` writing to ``out``, started with ``np`` workers (a host file of its own per ``name``)."""
     discovery = host_file_discovery(tmp_path / ("hosts" if name == "horovodrun" else f"hosts.{name}"), hosts)
     # One host cannot show horovodrun which interfaces its hosts share: name it, as a one-node job must.
     nics = ["--network-interface", "lo"] if hosts.count("\n") == 1 else []
-    cmd = [*horovodrun_elastic(discovery, 2, min_np, max_np, *nics), sys.executable, "-m", "testbed.worker",
+    cmd = [*horovodrun_elastic(discovery, np, min_np, max_np, *nics), sys.executable, "-m", "testbed.worker",
            "--out", out, "--samples", "96", "--checkpoint-every", "3", *args]
     return Job(cmd, env=child_env(HVD_ELASTIC_DRIVER="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **env),
                logdir=tmp_path, name=name).start()
@@ -293,4 +297,20 @@ def test_a_worker_stuck_in_a_given_up_worlds_rendezvous_is_ended(tmp_path):
     assert "hvd-elastic: 127.0.0.1[0] is still inside the given-up world's rendezvous 5 s later: ending it" in log, \
         log[-3000:]
     assert "every worker of the round failed" in log and "stop running" not in log, log[-3000:]
+    assert not run_problems(out), run_problems(out)
+
+
+def test_a_job_that_finishes_while_a_host_joins_ends_with_success(tmp_path):
+    out = tmp_path / "job"
+    out.mkdir()
+    job = launch(tmp_path, out, np=1, min_np=1, hosts="localhost:1\n", args=("--hang-before-init-on", "127.0.0.1"))
+    with job:
+        progress = JsonLines(out / "progress.jsonl")
+        job.wait_until("4 steps at world size 1", lambda: sum(r["size"] == 1 for r in progress.rows()) >= 4, WAIT)
+        (tmp_path / "hosts").write_text(BOTH)  # 127.0.0.1 joins; its worker never gets through hvd.init()
+        job.wait_until("the joiner to start", lambda: (out / "hung-127.0.0.1").exists(), WAIT)
+        (out / "stop").touch()  # the survivor trains on (join-ahead) and finishes at the epoch's end
+        assert job.wait(timeout=WAIT) == 0, job.log_tail()
+    log = job.read_log()
+    assert "hvd-elastic: the job finished while 127.0.0.1[0] was joining: ending it" in log, log[-3000:]
     assert not run_problems(out), run_problems(out)

@@ -169,3 +169,34 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         assert client.request("GET", "/global/2")[0] == 404
     finally:
         server.stop()
+
+
+def test_rule_8_once_the_job_is_done_a_joiner_is_ended_and_its_exit_is_no_failure():
+    from hvd_elastic.horovodrun import slots
+
+    class Workers(slots.Workers):
+        def __init__(self, running: dict, exited: dict):
+            super().__init__()
+            self.running, self.exited, self.ended = running, exited, []
+
+        def any_registered(self):
+            return any(self.running.values())
+
+        def unregistered(self):
+            return sorted(slot for slot, registered in self.running.items() if not registered)
+
+        def exited_registered(self, slot):
+            return self.exited.get(slot, False)
+
+        def end(self, slot):
+            self.ended.append(slot)
+
+    job = rules.Job(workers=Workers({("b", 0): True, ("c", 0): False}, {("a", 0): True}))
+    assert rules._after_the_end(job, ("x", 0), 134) == 134  # before the end a failure is a failure
+    assert rules._after_the_end(job, ("a", 0), 0) == 0 and job.done
+    assert job.workers.ended == []  # b still finishes (a checkpoint, say): nobody is ended under it
+    job.workers.running.pop(("b", 0))
+    assert rules._after_the_end(job, ("b", 0), 0) == 0 and job.workers.ended == [("c", 0)]
+    assert rules._after_the_end(job, ("c", 0), 143) == 0  # the joiner it ended never got through hvd.init()
+    job.workers.exited[("d", 0)] = True
+    assert rules._after_the_end(job, ("d", 0), 134) == 134  # a worker that trained and failed still failed

@@ -104,3 +104,23 @@ def test_a_worker_ended_here_never_reads_as_finished():
 
     wrapped = workers.wrap(ended_then_zero)
     assert wrapped(SimpleNamespace(hostname="a", local_rank=0), []) == (slots.ENDED_EXIT, 2.0)
+
+
+def test_what_rule_8_asks_whether_a_worker_ever_got_through_init():
+    workers = slots.Workers()
+    got = started(workers, ("a", 0), ("b", 0))
+    workers.registered(("a", 0))
+    assert workers.any_registered()
+    workers.end(("a", 0))
+    for _ in range(500):
+        if not workers.any_registered():
+            break
+        threading.Event().wait(0.01)
+    assert not workers.any_registered() and workers.exited_registered(("a", 0))
+    assert not workers.exited_registered(("b", 0))  # still running: no exit of it yet
+    workers.end(("b", 0))
+    for _ in range(500):
+        if not workers.unregistered():
+            break
+        threading.Event().wait(0.01)
+    assert not workers.exited_registered(("b", 0)) and got[("b", 0)][-1].is_set()
