@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_elastic.local.realconsul import consul_cluster
 from hvd_elastic.training.events import EventLog
 from testbed import CONSUL_HOSTS, Job, child_env, horovodrun_elastic, wait_until
 from tests.training_run.test_pace_jobs import WORKER, slow_host
@@ -23,6 +24,14 @@ pytestmark = pytest.mark.slow
 SLOW = "127.0.0.1"
 BATCH = 1024
 FINISH = 300.0  # a hang guard, not a speed bound
+
+
+@pytest.fixture
+def cluster():
+    """The dev agent only: the node agent's Consul calls of a drain are proven on both kinds in
+    ``test_straggler_drain.py``; this test is the job's side, minutes long."""
+    with consul_cluster("dev", ["localhost", SLOW]) as c:
+        yield c
 
 
 def test_a_slow_host_is_drained_and_readmitted(cluster, node_agents, tmp_path):
