@@ -132,6 +132,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby-wait", type=non_negative_seconds, default=env("HVD_ELASTIC_STANDBY_WAIT", "120"),
                         metavar="SECONDS", help="the longest a node waits for its standby before joining without one "
                                                 "(env HVD_ELASTIC_STANDBY_WAIT; default %(default)s)")
+    add_straggler_arguments(parser)
+    parser.add_argument("--metrics-addr", type=metrics_addr, default=env(METRICS_ENV), metavar="[HOST]:PORT",
+                        help="serve this agent's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds "
+                             f"127.0.0.1) and advertise the port as Meta.metrics_port (env {METRICS_ENV}; default off)")
+    add_consul_arguments(parser)
+
+
+def add_straggler_arguments(parser: argparse.ArgumentParser) -> None:
+    """The node's half of a straggler drain (:mod:`hvd_elastic.nodeagent.straggler_drain`)."""
     parser.add_argument("--straggler-drains", type=boolean, default=env("HVD_ELASTIC_STRAGGLER_DRAINS", "true"),
                         metavar="BOOL",
                         help="carry out a job's request to drain this node for being slow (straggler policy drain) "
@@ -145,10 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=env("HVD_ELASTIC_STRAGGLER_COOLDOWN_MAX", "1h"), metavar="DURATION",
                         help="the longest cool-down the doubling reaches (env HVD_ELASTIC_STRAGGLER_COOLDOWN_MAX; "
                              "default %(default)s)")
-    parser.add_argument("--metrics-addr", type=metrics_addr, default=env(METRICS_ENV), metavar="[HOST]:PORT",
-                        help="serve this agent's Prometheus metrics at http://HOST:PORT/metrics (a bare port binds "
-                             f"127.0.0.1) and advertise the port as Meta.metrics_port (env {METRICS_ENV}; default off)")
-    add_consul_arguments(parser)
 
 
 def metrics_addr(text: str) -> str:
