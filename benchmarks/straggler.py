@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -55,8 +56,11 @@ from hvd_elastic.training.events import EventLog  # noqa: E402
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000  # the kernel's default CFS period
 HOSTS, SLOW = 4, "hvdtb4"
-BATCH, SAMPLE_CPU = 8, 0.005  # 0.04 s of CPU per rank per step
-WORKER = ("--samples", "9600", "--batch", str(BATCH), "--step-sleep", "0", "--sample-cpu", str(SAMPLE_CPU))
+# 0.16 s of CPU per rank per step: the step's own compute, not its communication, must be what the quota slows
+# (a quota on the whole process slows its share of the allreduce too, which every rank waits for alike and the
+# detector cannot see; 0.04 s measured the throttled host at 1.1-1.3x while the job's step time doubled).
+BATCH, SAMPLE_CPU = 8, 0.02
+WORKER = ("--samples", "2400", "--batch", str(BATCH), "--step-sleep", "0", "--sample-cpu", str(SAMPLE_CPU))
 COOLDOWN_S = 300.0  # the node agent's default --straggler-cooldown, which this run keeps
 WAIT = 600.0  # a hang guard for one phase, not a speed bound
 
@@ -182,6 +186,7 @@ def _events(job: TrainingJob) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: bed, group, cluster
     reason = unavailable_reason() or (None if os.access(CPU_CGROUP, os.W_OK) else
                                       f"{CPU_CGROUP} (cgroup v1's cpu controller) is not writable here")
     if reason:
