@@ -56,9 +56,10 @@ from hvd_elastic.training.events import EventLog  # noqa: E402
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000  # the kernel's default CFS period
 HOSTS, SLOW = 4, "hvdtb4"
-# 0.16 s of CPU per rank per step: the step's own compute, not its communication, must be what the quota slows
-# (a quota on the whole process slows its share of the allreduce too, which every rank waits for alike and the
-# detector cannot see; 0.04 s measured the throttled host at 1.1-1.3x while the job's step time doubled).
+# 0.16 s of CPU per rank per step, before the backward pass whose hooks start the gradient allreduce: the fast
+# ranks must wait for the slow one inside it.  (Burnt after backward(), the wait fell in the worker's loss
+# allreduce, every rank's work to the detector, and the throttled host measured 1.0x while the job's step time
+# rose 2.5x; with 0.04 s it was 1.1-1.3x.)
 BATCH, SAMPLE_CPU = 8, 0.02
 WORKER = ("--samples", "2400", "--batch", str(BATCH), "--step-sleep", "0", "--sample-cpu", str(SAMPLE_CPU))
 COOLDOWN_S = 300.0  # the node agent's default --straggler-cooldown, which this run keeps

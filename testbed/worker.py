@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _step(model, optimizer, scheduler, x, y, step_samples: int, cpu: float = 0.0) -> torch.Tensor:
     optimizer.zero_grad()
+    _burn(cpu)  # before backward(): its hooks start the gradient allreduce, which must wait for this rank's work
     loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction="sum") / step_samples
     loss.backward()
-    _burn(cpu)  # before optimizer.step(): the gradient allreduce's wait comes after this rank's work
     optimizer.step()
     scheduler.step()
     return loss
