@@ -264,10 +264,12 @@ def draw(runs: dict, path: Path, args: argparse.Namespace) -> None:
     t0 = _first(run)
     fig, (speed, size) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5), gridspec_kw={"height_ratios": [3, 2]})
     try:
-        hosts = sorted({h for e in run["events"] if e["event"] == "pace" for h in e["hosts"]})
+        windows = [e for e in run["events"] if e["event"] == "pace"]
+        hosts = sorted({h for e in windows for h in e["hosts"]})
         for host in hosts:
-            points = [(e["time"] - t0, 1 / e["hosts"][host]["ratio"]) for e in run["events"]
-                      if e["event"] == "pace" and host in e["hosts"] and e["hosts"][host]["ratio"] > 0]
+            # NaN where the host was not in the job: the line breaks instead of bridging its absence.
+            points = [(e["time"] - t0, 1 / e["hosts"][host]["ratio"] if host in e["hosts"] and
+                       e["hosts"][host]["ratio"] > 0 else float("nan")) for e in windows]
             speed.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2 if host != SLOW else 2.2,
                        label=f"{host}{' (throttled, then lifted)' if host == SLOW else ''}")
         speed.axhline(1 / 1.5, color="grey", linestyle=":", label="slow in a window below this (threshold 1.5)")
