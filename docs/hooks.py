@@ -18,7 +18,8 @@ from mkdocs.structure.files import File, Files
 DOCS = Path(__file__).resolve().parent
 #: Pictures of files the site includes as they stand (benchmarks.md includes benchmarks/README.md): served at
 #: the path the included text names, relative to the including page, so the same link works on GitHub and here.
-INCLUDED_PICTURES = {"results/peers.png": DOCS.parent / "benchmarks" / "results" / "peers.png"}
+INCLUDED_PICTURES = {f"results/{name}": DOCS.parent / "benchmarks" / "results" / name
+                     for name in ("peers.png", "straggler.png")}
 sys.path.insert(0, str(DOCS.parent))  # the checkout's hvd_elastic, whatever the current directory
 sys.path.insert(0, str(DOCS))
 
