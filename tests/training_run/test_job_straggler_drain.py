@@ -1,4 +1,4 @@
-"""Rank 0's half of a straggler drain (``training/_internal/straggler_drain.py``): which host, within which
+"""The job's half of a straggler drain (``training/_internal/straggler_drain.py``, rank 0): which host, within which
 limits, and the request written to Consul for every instance of the service on that host (both Consul kinds)."""
 
 from __future__ import annotations
