@@ -106,6 +106,11 @@ def has_check(config: ConsulConfig, check_id: str, timeout: float = DEFAULT_TIME
     return check_id in agent_checks(config, timeout)
 
 
+def maintenance_check_id(service_id: str) -> str:
+    """The ID of the check Consul adds while ``service_id`` is in maintenance (its reason is the check's Notes)."""
+    return f"_service_maintenance:{service_id}"
+
+
 def set_maintenance(config: ConsulConfig, service_id: str, enable: bool, reason: str | None = None,
                     timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """``PUT /v1/agent/service/maintenance/:id``: maintenance mode on (with ``reason``) or off; idempotent."""

@@ -57,7 +57,7 @@ def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, 
         raise NotRegistered(f"{what} registered on the Consul agent at {config.base_url}")
     checks = api.agent_checks(config) if enable else {}
     for sid in targets:
-        current = checks.get(f"_service_maintenance:{sid}")
+        current = checks.get(api.maintenance_check_id(sid))
         if isinstance(current, dict) and stragglers.parse_reason(str(current.get("Notes") or "")):
             # Consul keeps the first reason of a service already in maintenance: make this drain the operator's.
             api.set_maintenance(config, sid, False)

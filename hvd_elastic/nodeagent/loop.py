@@ -257,7 +257,7 @@ class NodeAgent:
             if self.watch_maintenance:
                 checks = api.agent_checks(self.config, self.timeout)
                 sid = self.registration.service_id
-                self.metrics.on_maintenance(sid, f"_service_maintenance:{sid}" in checks)
+                self.metrics.on_maintenance(sid, api.maintenance_check_id(sid) in checks)
             if self.straggler_drains is not None:
                 self.straggler_drains.tick(self.config, self.timeout)
             self._note_consul(None)

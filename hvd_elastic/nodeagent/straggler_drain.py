@@ -62,7 +62,7 @@ class StragglerDrains:
 
     @property
     def check_id(self) -> str:
-        return f"_service_maintenance:{self.service_id}"
+        return api.maintenance_check_id(self.service_id)
 
     def tick(self, config: ConsulConfig, timeout: float) -> None:
         """Carry out a pending request, or lift a drain whose time has come.  Raises ConsulError but a 403."""
