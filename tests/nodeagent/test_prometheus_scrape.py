@@ -120,8 +120,9 @@ def test_prometheus_sees_sizes_resets_and_recoveries(cluster, node_agents, tmp_p
         victim = next(r["pid"] for r in reversed(sizes.rows()) if r["host"] == leaver and r["size"] == 2)
         since = time.time()
         os.kill(victim, signal.SIGKILL)
-        sizes.wait_for_size(job, 1, timeout=90, since=since)
-        sizes.wait_for_size(job, 2, timeout=120, since=since)
+        shrunk = sizes.wait_for_size(job, 1, timeout=90, since=since)
+        # From the world of one on: a step of the world of two still in flight at the kill is no return.
+        sizes.wait_for_size(job, 2, timeout=120, since=shrunk)
         time.sleep(3)  # a few more scrapes of the world of two
 
         resets = EventLog.read(tmp_path / "events.jsonl", event="reset")
