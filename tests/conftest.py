@@ -6,6 +6,11 @@ build its cluster with ``consul_cluster(consul_kind, nodes, ...)``.  A test mark
 ``dev_agent_only("why")`` runs on the dev agent alone: the reason names the
 difference (see the table in :mod:`hvd_elastic.devagent`).
 
+``serial``: ``make test`` runs the rest side by side (pytest-xdist, a file per
+worker), then these alone.  Every ``multihost`` test is one: the network-namespace
+bed is one per machine (``testbed.netns`` holds a lock), and a rank of a bed
+sharing the cores with another test is a straggler by the clock.
+
 In CI (``CI`` set to a true value, as ``.ci/run`` does) a skipped test is a
 failure naming what was missing: every prerequisite of the suite (root for the
 network-namespace bed, ``openssl``, Open MPI, torchdata, the cached Horovod wheel)
@@ -32,6 +37,12 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"missing prerequisite (a skip fails in CI, CI={os.environ['CI']!r}): {reason}"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("multihost"):
+            item.add_marker(pytest.mark.serial)
 
 
 def pytest_generate_tests(metafunc):

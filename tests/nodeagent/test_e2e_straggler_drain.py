@@ -19,7 +19,7 @@ from hvd_elastic.training.events import EventLog
 from testbed import CONSUL_HOSTS, Job, child_env, horovodrun_elastic, wait_until
 from tests.training_run.test_pace_jobs import WORKER, slow_host
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a cgroup throttle and a judge of pace (tests/conftest.py)
 
 SLOW = "127.0.0.1"
 BATCH = 1024

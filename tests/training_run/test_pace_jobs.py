@@ -27,7 +27,7 @@ from hvd_elastic.report.summary import make_report
 from hvd_elastic.training.events import EventLog
 from testbed import Job, child_env, horovodrun_elastic, host_file_discovery
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a cgroup throttle and a judge of pace (tests/conftest.py)
 
 WORKER = Path(__file__).parent / "pace_worker.py"
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
