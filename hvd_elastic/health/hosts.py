@@ -37,6 +37,7 @@ import enum
 import re
 from collections.abc import Iterable, Sequence
 
+from hvd_elastic.consul import api
 from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.hostnames import is_valid_host
 
@@ -123,7 +124,7 @@ def _check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
         if not isinstance(check_id, str) or not isinstance(status, str):
             raise MalformedResponse("a check has no string CheckID/Status")
         if check_id.startswith(MAINTENANCE_CHECK_PREFIXES):
-            maintenance = str(check.get("Notes") or check.get("Output") or "maintenance")
+            maintenance = api.maintenance_reason(check) or "maintenance"
         elif status != PASSING:
             problems.append(f"{check_id} {status}: {str(check.get('Output') or '').strip()}".rstrip(": "))
         if rank.get(status, 3) > rank.get(worst, 3):

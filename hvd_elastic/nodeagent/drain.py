@@ -58,7 +58,7 @@ def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, 
     checks = api.agent_checks(config) if enable else {}
     for sid in targets:
         current = checks.get(api.maintenance_check_id(sid))
-        if isinstance(current, dict) and stragglers.parse_reason(str(current.get("Notes") or "")):
+        if isinstance(current, dict) and stragglers.parse_reason(api.maintenance_reason(current)):
             # Consul keeps the first reason of a service already in maintenance: make this drain the operator's.
             api.set_maintenance(config, sid, False)
         api.set_maintenance(config, sid, enable, reason)

@@ -86,7 +86,7 @@ class StragglerDrains:
     def _maintenance_reason(self, config: ConsulConfig, timeout: float) -> str | None:
         """The reason of this instance's maintenance, None when it is not in maintenance."""
         check = api.agent_checks(config, timeout).get(self.check_id)
-        return None if not isinstance(check, dict) else str(check.get("Notes") or check.get("Output") or "")
+        return None if not isinstance(check, dict) else api.maintenance_reason(check)
 
     def _carry_out(self, config: ConsulConfig, key: str, asked: bytes, timeout: float) -> None:
         try:
