@@ -31,7 +31,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "consul",  # the one Consul client
     "health",  # the service's health, read and judged: stdlib only, no command line
     "options metrics horovodrun",  # the command-line kit; Prometheus exporters; the driver's rules and store keys
-    "discovery standby devagent training",  # the roles: each on the layers below, never on each other
+    "discovery standby devagent training torchrun",  # the roles: each on the layers below, never on each other
     "nodeagent local",  # the node agent (starts through a standby); local clusters of dev agents
     "report",  # reading a job's evidence
     "demo",  # the demo's scenario and training job, on the local clusters
@@ -45,7 +45,7 @@ COMMAND_LINE_DEBT: dict[tuple[str, str], str] = {}
 
 
 #: Units loaded into the user's training process, and what they never import: a command line is the script's.
-LIBRARY = {"training"}
+LIBRARY = {"training", "torchrun"}
 COMMAND_LINE = {"argparse", "hvd_elastic.options"}
 
 

@@ -13,6 +13,7 @@ Paths and shapes follow Consul's HTTP API documentation (``/v1/agent/*``,
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -152,9 +153,68 @@ def kv_get(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -
     return b"" if value is None else base64.b64decode(value)
 
 
-def kv_put(config: ConsulConfig, key: str, value: dict, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-    """``PUT /v1/kv/:key``, the value stored as ``value``'s JSON; idempotent."""
-    client.request(config, "/v1/kv/" + quote(key, safe="/"), method="PUT", body=value, timeout=timeout)
+@dataclasses.dataclass(frozen=True)
+class KVEntry:
+    """One key's value and the Raft index of its last write (``ModifyIndex``, the check-and-set token)."""
+
+    value: bytes
+    modify_index: int
+
+
+def kv_entry(config: ConsulConfig, key: str, *, index: int = 0, wait: float = 0.0,
+             timeout: float = DEFAULT_TIMEOUT_S, retry_window: float = 0.0) -> tuple[KVEntry | None, int]:
+    """``GET /v1/kv/:key``: (the entry or None when there is no such key, ``X-Consul-Index``).
+
+    With ``index`` > 0 the read blocks until the key's index passes it or ``wait`` seconds (Consul's blocking
+    query; ``timeout``, one attempt's, must cover the wait).  The returned index is the one to block on next.
+    One attempt, or retries of what may heal for ``retry_window`` seconds.
+    """
+    path = "/v1/kv/" + quote(key, safe="/")
+    query = [("index", str(index)), ("wait", f"{max(wait, 0.001):.3f}s")] if index > 0 else None
+    try:
+        answer, headers = client.request(config, path, query, timeout=timeout, retry_window=retry_window,
+                                         retry=retry_window > 0)
+    except ConsulError as exc:
+        if exc.status == 404:
+            return None, exc.index
+        raise
+    first = answer[0] if isinstance(answer, list) and answer else None
+    modify_index = first.get("ModifyIndex") if isinstance(first, dict) else None
+    if not isinstance(first, dict) or not isinstance(modify_index, int) or isinstance(modify_index, bool) \
+            or modify_index <= 0:
+        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not a KV entry",
+                          retryable=False)
+    value = first.get("Value")
+    return KVEntry(b"" if value is None else base64.b64decode(value), modify_index), _index(headers) or modify_index
+
+
+def _index(headers: Mapping[str, str] | None) -> int:
+    try:
+        return max(int((headers or {}).get("x-consul-index", "0")), 0)
+    except ValueError:
+        return 0
+
+
+def kv_cas(config: ConsulConfig, key: str, value: dict, index: int, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
+    """``PUT /v1/kv/:key?cas=index``, the value as ``value``'s JSON: whether it was written.  One attempt.
+
+    ``index`` 0 writes only a key that does not exist; otherwise the key's ``ModifyIndex`` must still be
+    ``index``.  Consul's answer carries no new index: read the key again for it.
+    """
+    answer = client.get_json(config, "/v1/kv/" + quote(key, safe="/"), [("cas", str(index))], method="PUT",
+                             body=value, timeout=timeout, retry=False)
+    if not isinstance(answer, bool):
+        raise ConsulError(f"Consul at {config.base_url} answered a check-and-set of {key} with {answer!r}",
+                          retryable=False)
+    return answer
+
+
+def kv_put(config: ConsulConfig, key: str, value: dict, timeout: float = DEFAULT_TIMEOUT_S,
+           retry_window: float = 0.0) -> None:
+    """``PUT /v1/kv/:key``, the value stored as ``value``'s JSON; idempotent, so retried for ``timeout`` seconds
+    or ``retry_window`` when longer."""
+    client.request(config, "/v1/kv/" + quote(key, safe="/"), method="PUT", body=value, timeout=timeout,
+                   retry_window=retry_window)
 
 
 def kv_delete(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:

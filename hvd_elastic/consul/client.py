@@ -151,7 +151,9 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
         text = _error_text(body)
         raise ConsulError(f"{where} failed: {status} {text}", retryable=BAD_FILTER not in text, status=status)
     if status != 200:
-        raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status)
+        index = headers.get("x-consul-index", "")
+        raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status,
+                          index=int(index) if index.isdigit() else 0)
     if not body.strip():
         return None, headers
     try:

@@ -87,11 +87,13 @@ class ConsulConfig:
         client_cert: str | None = None,
         client_key: str | None = None,
         datacenter: str | None = None,
+        addr_flag: str = "--http-addr",
     ) -> ConsulConfig:
-        """Build the configuration from ``CONSUL_HTTP_*`` variables and explicit overrides."""
+        """Build the configuration from ``CONSUL_HTTP_*`` variables and explicit overrides (``addr_flag``: the
+        flag that gave ``addr``, for errors)."""
         env = os.environ if environ is None else environ
         raw_addr = addr or env.get("CONSUL_HTTP_ADDR") or DEFAULT_CONSUL_ADDR
-        scheme, host, port = _parse_addr(raw_addr, "--http-addr" if addr else "CONSUL_HTTP_ADDR")
+        scheme, host, port = _parse_addr(raw_addr, addr_flag if addr else "CONSUL_HTTP_ADDR")
         if not addr or "://" not in raw_addr:
             if env_bool("CONSUL_HTTP_SSL", False, env):
                 scheme = "https"

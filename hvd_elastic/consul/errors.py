@@ -14,13 +14,15 @@ class ConsulError(HvdElasticError, RuntimeError):
 
     ``retryable``: whether asking again later may succeed.  ``status``: the
     HTTP status when Consul answered, None when it did not (unreachable,
-    timeout, TLS failure, garbage).
+    timeout, TLS failure, garbage).  ``index``: the ``X-Consul-Index`` of that
+    answer, 0 without one (a 404 of a key carries the index to block on).
     """
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None):
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None, index: int = 0):
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+        self.index = index
 
 
 class ConsulTimeout(ConsulError):
