@@ -20,6 +20,10 @@ from hvd_elastic.nodeagent import leave
 from testbed import HVD_ELASTIC, child_env, wait_until
 from testbed.consul import consul_request, refused_address, run_discovery
 
+# drain --wait and --leave-timeout read the whole process table: another test's workers would count as this
+# node's (tests/conftest.py).
+pytestmark = pytest.mark.serial
+
 WAIT = 30.0  # a hang guard, not a speed bound
 
 

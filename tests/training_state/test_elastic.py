@@ -25,7 +25,7 @@ from hvd_elastic.report.ledger import committed_samples
 HERE = Path(__file__).parent
 WAIT = 180.0  # seconds the job may take to reach a state: a hang guard, not a speed bound
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a Gloo timeout of 15 s is a bound on how busy the box may be
 
 
 class ElasticJob(Job):
