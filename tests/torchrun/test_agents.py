@@ -20,7 +20,7 @@ from testbed import Job, JsonLines, child_env
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).parent / "worker_gloo.py"
-CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"
+CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=120"
 WAIT = 180.0  # hang guards, not speed bounds
 
 
