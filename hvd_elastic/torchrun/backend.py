@@ -17,7 +17,7 @@ Contract:
   (docs/howto/tls-acls.md).
 * Consul unreachable or failing for ``read_timeout`` seconds, or refusing (403), is a
   ``RendezvousConnectionError`` naming the key; a value that is not a state, or a state over Consul's
-  512 KiB value limit (about 4,000 nodes), a ``RendezvousStateError``.
+  512 KiB value limit (about 5,000 nodes), a ``RendezvousStateError``.
 """
 
 from __future__ import annotations
