@@ -112,7 +112,7 @@ def parse_slots(value: Any) -> int | None:
     return None
 
 
-def _check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
+def check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
     """(worst status, maintenance reason, what the failing checks say) of an entry's checks."""
     rank = {PASSING: 0, "warning": 1, "critical": 2}
     worst, maintenance, problems = PASSING, "", []
@@ -182,7 +182,7 @@ def _decide(entry: Any, options: Options) -> Decision:
     service_id = str(service.get("ID") or service.get("Service") or "")
     meta = _field(service, "Meta", dict, "Service")
     tags = _field(service, "Tags", list, "Service")
-    health, maintenance, problems = _check_health(checks)
+    health, maintenance, problems = check_health(checks)
     host = _host_name(node, service, options.naming)
     if health != PASSING:
         why = "; ".join(filter(None, [maintenance and f"maintenance: {maintenance}", problems]))

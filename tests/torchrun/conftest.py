@@ -18,5 +18,5 @@ def consul(request):
         yield cluster
 
 
-def parameters(endpoint: str, run_id: str | None = None, **conf) -> RendezvousParameters:
-    return RendezvousParameters("consul", endpoint, run_id or f"t{uuid.uuid4().hex[:12]}", 1, 3, **conf)
+def parameters(endpoint: str, run_id: str | None = None, min_nodes: int = 1, **conf) -> RendezvousParameters:
+    return RendezvousParameters("consul", endpoint, run_id or f"t{uuid.uuid4().hex[:12]}", min_nodes, 3, **conf)

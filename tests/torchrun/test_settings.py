@@ -10,9 +10,11 @@ from tests.torchrun.conftest import parameters
 
 def test_defaults_and_the_endpoint(monkeypatch):
     monkeypatch.delenv("CONSUL_HTTP_ADDR", raising=False)
+    monkeypatch.delenv("HVD_ELASTIC_SERVICE", raising=False)
     settings = RendezvousSettings.from_parameters(parameters("", "job-1"))
     assert settings.consul.base_url == "http://127.0.0.1:8500"
     assert settings.run_prefix == "hvd-elastic/torchrun/job-1" and settings.read_timeout == 60
+    assert (settings.health_gate, settings.service, settings.leave_grace) == ("auto", "horovod", 2)
     monkeypatch.setenv("CONSUL_HTTP_ADDR", "10.0.0.9:8501")
     assert RendezvousSettings.from_parameters(parameters("", "j")).consul.base_url == "http://10.0.0.9:8501"
     explicit = RendezvousSettings.from_parameters(parameters("https://c1:8443", "j", key_prefix="/x/y/",
@@ -28,6 +30,8 @@ def test_defaults_and_the_endpoint(monkeypatch):
     ("j", {"key_prefix": "a//b"}, "", "key_prefix='a//b' is not a Consul key prefix"),
     ("j", {"read_timeout": "soon"}, "", "read_timeout='soon' is not a number of seconds"),
     ("j", {"read_timeout": "0"}, "", "read_timeout='0' is not a number of seconds"),
+    ("j", {"health_gate": "maybe"}, "", "health_gate='maybe' is not one of auto, true, false"),
+    ("j", {"leave_grace": "-1"}, "", "leave_grace='-1' is not a number of seconds (expected a whole number of at"),
     ("j", {}, "c1:http", "--rdzv-endpoint='c1:http': port 'http' is not a number"),
     ("j", {}, "ftp://c1", "--rdzv-endpoint='ftp://c1': scheme 'ftp' is not supported"),
 ])
