@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import quote
 
 from hvd_elastic.consul import client
@@ -112,11 +111,6 @@ def has_check(config: ConsulConfig, check_id: str, timeout: float = DEFAULT_TIME
 def maintenance_check_id(service_id: str) -> str:
     """The ID of the check Consul adds while ``service_id`` is in maintenance (its reason is the check's Notes)."""
     return f"_service_maintenance:{service_id}"
-
-
-def maintenance_reason(check: Mapping[str, Any]) -> str:
-    """The reason a maintenance check carries: its Notes (where Consul puts the reason), else its Output; ''."""
-    return str(check.get("Notes") or check.get("Output") or "")
 
 
 def set_maintenance(config: ConsulConfig, service_id: str, enable: bool, reason: str | None = None,

@@ -37,7 +37,6 @@ import enum
 import re
 from collections.abc import Iterable, Sequence
 
-from hvd_elastic.consul import api
 from hvd_elastic.errors import HvdElasticError
 from hvd_elastic.hostnames import is_valid_host
 
@@ -112,6 +111,11 @@ def parse_slots(value: Any) -> int | None:
     return None
 
 
+def maintenance_reason(check: dict[str, Any]) -> str:
+    """The reason a maintenance check carries: its Notes (where Consul puts the reason), else its Output; ''."""
+    return str(check.get("Notes") or check.get("Output") or "")
+
+
 def check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
     """(worst status, maintenance reason, what the failing checks say) of an entry's checks."""
     rank = {PASSING: 0, "warning": 1, "critical": 2}
@@ -124,7 +128,7 @@ def check_health(checks: list[dict[str, Any]]) -> tuple[str, str, str]:
         if not isinstance(check_id, str) or not isinstance(status, str):
             raise MalformedResponse("a check has no string CheckID/Status")
         if check_id.startswith(MAINTENANCE_CHECK_PREFIXES):
-            maintenance = api.maintenance_reason(check) or "maintenance"
+            maintenance = maintenance_reason(check) or "maintenance"
         elif status != PASSING:
             problems.append(f"{check_id} {status}: {str(check.get('Output') or '').strip()}".rstrip(": "))
         if rank.get(status, 3) > rank.get(worst, 3):

@@ -25,7 +25,7 @@ import time
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.errors import HvdElasticError
-from hvd_elastic.health import stragglers
+from hvd_elastic.health import hosts, stragglers
 
 
 def default_reason() -> str:
@@ -58,7 +58,7 @@ def set_maintenance(config: ConsulConfig, service: str, service_id: str | None, 
     checks = api.agent_checks(config) if enable else {}
     for sid in targets:
         current = checks.get(api.maintenance_check_id(sid))
-        if isinstance(current, dict) and stragglers.parse_reason(api.maintenance_reason(current)):
+        if isinstance(current, dict) and stragglers.parse_reason(hosts.maintenance_reason(current)):
             # Consul keeps the first reason of a service already in maintenance: make this drain the operator's.
             api.set_maintenance(config, sid, False)
         api.set_maintenance(config, sid, enable, reason)

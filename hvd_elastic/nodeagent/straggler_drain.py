@@ -36,7 +36,7 @@ from collections.abc import Callable
 from hvd_elastic.consul import api
 from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.consul.errors import ConsulError
-from hvd_elastic.health import stragglers
+from hvd_elastic.health import hosts, stragglers
 
 log = logging.getLogger("hvd_elastic.nodeagent")
 
@@ -86,7 +86,7 @@ class StragglerDrains:
     def _maintenance_reason(self, config: ConsulConfig, timeout: float) -> str | None:
         """The reason of this instance's maintenance, None when it is not in maintenance."""
         check = api.agent_checks(config, timeout).get(self.check_id)
-        return None if not isinstance(check, dict) else api.maintenance_reason(check)
+        return None if not isinstance(check, dict) else hosts.maintenance_reason(check)
 
     def _carry_out(self, config: ConsulConfig, key: str, asked: bytes, timeout: float) -> None:
         try:

@@ -16,7 +16,7 @@ from hvd_elastic.local.realconsul import consul_cluster
 from hvd_elastic.torchrun.handler import ConsulRendezvousHandler, create
 from testbed import wait_until
 from testbed.consul import consul_request, register
-from tests.torchrun.conftest import parameters
+from tests.torchrun.rdzv_params import parameters
 
 pytestmark = pytest.mark.slow
 

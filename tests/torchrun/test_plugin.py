@@ -12,7 +12,7 @@ from pathlib import Path
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
 from hvd_elastic.torchrun.handler import ConsulRendezvousHandler
-from tests.torchrun.conftest import parameters
+from tests.torchrun.rdzv_params import parameters
 
 
 def test_the_entry_point_is_installed_and_torch_registers_it():

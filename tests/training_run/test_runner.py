@@ -80,8 +80,9 @@ def test_write_errors_reach_the_event_log_and_training_goes_on(tmp_path, monkeyp
     assert train(state, 4) == 0
     assert state.step == 4
     names = [e["event"] for e in EventLog.read(tmp_path / "events.jsonl")]
-    # Commits 2 and 4 fail; the exit write retries and fails too.
-    assert names.count("checkpoint_error") == 3 and "checkpoint" not in names and names[-1] == "finish"
+    # Commit 2's write fails, and commit 4's unless commit 2's failed write was still in flight then (at most one
+    # write is in flight; a busy box's writer thread may not have run yet); the exit write retries and fails too.
+    assert names.count("checkpoint_error") in (2, 3) and "checkpoint" not in names and names[-1] == "finish"
     errors = [e["error"] for e in EventLog.read(tmp_path / "events.jsonl", event="checkpoint_error")]
     assert all("No space left on device" in error for error in errors)
     assert CheckpointManager(tmp_path / "ckpt").load_latest() is None

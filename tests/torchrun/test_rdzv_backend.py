@@ -18,7 +18,7 @@ from hvd_elastic.local.realconsul import consul_cluster
 from hvd_elastic.torchrun.backend import ConsulRendezvousBackend
 from hvd_elastic.torchrun.settings import RendezvousSettings
 from testbed.consul import consul_request
-from tests.torchrun.conftest import parameters
+from tests.torchrun.rdzv_params import parameters
 
 
 def backend(addr: str, run_id: str | None = None, **conf) -> ConsulRendezvousBackend:

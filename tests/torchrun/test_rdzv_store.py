@@ -14,7 +14,7 @@ from torch.distributed.elastic.utils import store as store_util
 from hvd_elastic.torchrun.settings import RendezvousSettings
 from hvd_elastic.torchrun.store import ConsulStore
 from testbed.consul import consul_request
-from tests.torchrun.conftest import parameters
+from tests.torchrun.rdzv_params import parameters
 
 
 def store(consul, run_id: str | None = None, timeout: float = 20.0) -> ConsulStore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hvd_elastic.torchrun.settings import RendezvousSettings, RendezvousSettingsError
-from tests.torchrun.conftest import parameters
+from tests.torchrun.rdzv_params import parameters
 
 
 def test_defaults_and_the_endpoint(monkeypatch):
