@@ -39,7 +39,7 @@ PRODUCT_MODULES = ("hvd_elastic/commands/demo.py", "hvd_elastic/demo/scenario.py
                    "hvd_elastic/commands/report.py", "hvd_elastic/report/summary.py",
                    "hvd_elastic/report/ledger.py", "hvd_elastic/report/evidence.py", "hvd_elastic/report/jsonlines.py",
                    "hvd_elastic/local/env.py", "hvd_elastic/local/job.py", "hvd_elastic/local/realconsul.py",
-                   "hvd_elastic/local/ports.py")
+                   "hvd_elastic/local/ports.py", "hvd_elastic/torchrun/plugin.py", "hvd_elastic/torchrun/handler.py")
 #: The test bed's pieces (testbed/), none of which may be defined anywhere in the wheel.
 TEST_BED = ("NetnsBed", "ElasticCluster", "Soak", "SlurmCluster", "Prometheus", "ScriptedServer",
             "self_signed_cert", "refused_address", "CountingProxy", "StandInJob", "StandbyProcess", "WorldSizes",
@@ -99,6 +99,9 @@ def test_the_wheel_ships_the_product_and_no_test_bed(wheel):
         assert archive.read(PTH) == (REPO / PTH).read_bytes()
     assert [n for n in names if "testbed" in n or n.startswith("tests/")] == []
     assert [m for m in PRODUCT_MODULES if m not in names] == []
+    with zipfile.ZipFile(wheel) as archive:  # torchrun --rdzv-backend consul finds the backend through it
+        entry_points = next(archive.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "[torchrun.handlers]\nconsul = hvd_elastic.torchrun.plugin:handler_creator" in entry_points
     defined = re.compile(rf"^\s*(?:class|def)\s+({'|'.join(TEST_BED)})\b", re.MULTILINE)
     found = {name: defined.findall(text) for name, text in sources.items() if defined.search(text)}
     assert found == {}, f"test-bed code in the wheel: {found}"
