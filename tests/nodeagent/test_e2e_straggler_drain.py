@@ -34,6 +34,10 @@ def cluster():
         yield c
 
 
+def drained_at(records: list[dict]) -> float:
+    return next(e["time"] for e in records if e["event"] == "straggler_drain")
+
+
 def test_a_slow_host_is_drained_and_readmitted(cluster, node_agents, tmp_path):
     local, other = cluster.addr("localhost"), cluster.addr(SLOW)
     agent_args = ("--ttl", "2", "--interval", "0.3", "--straggler-cooldown", "6s")
@@ -44,7 +48,7 @@ def test_a_slow_host_is_drained_and_readmitted(cluster, node_agents, tmp_path):
         env = child_env(discovery_state=tmp_path / "discovery-state", CONSUL_HTTP_ADDR=local, EVENT_LOG=str(events),
                         HOROVOD_GLOO_TIMEOUT_SECONDS="60", SAMPLES=str(3 * BATCH * 260), BATCH=str(BATCH),
                         HVD_ELASTIC_STRAGGLER="drain", HVD_ELASTIC_STRAGGLER_WINDOW="20",
-                        HVD_ELASTIC_STRAGGLER_WINDOWS="3", **slow_env)
+                        HVD_ELASTIC_STRAGGLER_WINDOWS="3", STOP_FILE=str(tmp_path / "stop"), **slow_env)
         cmd = [*horovodrun_elastic(f"{CONSUL_HOSTS} --http-addr {local}", 3, 2, 3), sys.executable, str(WORKER)]
         with Job(cmd, env=env, logdir=tmp_path, name="horovodrun") as job:
             job.start()
@@ -55,6 +59,11 @@ def test_a_slow_host_is_drained_and_readmitted(cluster, node_agents, tmp_path):
                 (Path(slow_env["SLOW_CGROUP"]) / "cpu.cfs_quota_us").write_text("-1")
             wait_until("the readmission", lambda: "readmitted service id" in slow_agent.read_log(), FINISH,
                        jobs=[job])
+            # Epochs go on until the readmitted host is back in the world (a busy box takes a while to start it).
+            wait_until("a world of 3 after the drain", lambda: any(
+                e["event"] == "reset" and e.get("new_size") == 3 and e["time"] > drained_at(log(events))
+                for e in log(events)), FINISH, jobs=[job])
+            (tmp_path / "stop").touch()
             assert job.wait(timeout=FINISH) == 0, job.log_tail()
     records = EventLog.read(events)
     drains = [e for e in records if e["event"] == "straggler_drain"]

@@ -65,6 +65,13 @@ def spin(seconds: float) -> None:
         pass
 
 
+def stop_now() -> bool:
+    """After the first epoch, whether rank 0 sees ``$STOP_FILE`` (every rank gets its answer: all stop together);
+    without ``STOP_FILE``, one epoch."""
+    stop_file = os.environ.get("STOP_FILE")
+    return not stop_file or hvd.broadcast_object(os.path.exists(stop_file), root_rank=0, name="stop")
+
+
 def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
@@ -82,7 +89,7 @@ def main() -> None:
 
     @hvd_elastic.run(event_log=os.environ["EVENT_LOG"])
     def train(state):
-        while state.epoch < 1:
+        while state.epoch < 1 or not stop_now():
             sampler.set_epoch(state.epoch)
             for batch in loader:
                 optimizer.zero_grad()
