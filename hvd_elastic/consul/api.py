@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Mapping
 from urllib.parse import quote
 
 from hvd_elastic.consul import client
@@ -133,18 +132,8 @@ def agent_node_name(config: ConsulConfig, timeout: float = DEFAULT_TIMEOUT_S) ->
 
 def kv_get(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> bytes | None:
     """``GET /v1/kv/:key``: the key's value, None when there is no such key.  One attempt."""
-    path = "/v1/kv/" + quote(key, safe="/")
-    try:
-        answer = client.get_json(config, path, timeout=timeout, retry=False)
-    except ConsulError as exc:
-        if exc.status == 404:
-            return None
-        raise
-    if not isinstance(answer, list) or not answer or not isinstance(answer[0], dict):
-        raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not a KV entry",
-                          retryable=False)
-    value = answer[0].get("Value")
-    return b"" if value is None else base64.b64decode(value)
+    entry, _ = kv_entry(config, key, timeout=timeout)
+    return None if entry is None else entry.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,15 +167,8 @@ def kv_entry(config: ConsulConfig, key: str, *, index: int = 0, wait: float = 0.
             or modify_index <= 0:
         raise ConsulError(f"Consul at {config.base_url} answered {path} with something that is not a KV entry",
                           retryable=False)
-    value = first.get("Value")
-    return KVEntry(b"" if value is None else base64.b64decode(value), modify_index), _index(headers) or modify_index
-
-
-def _index(headers: Mapping[str, str] | None) -> int:
-    try:
-        return max(int((headers or {}).get("x-consul-index", "0")), 0)
-    except ValueError:
-        return 0
+    value = b"" if first.get("Value") is None else base64.b64decode(first["Value"])
+    return KVEntry(value, modify_index), client.index_of(headers) or modify_index
 
 
 def kv_cas(config: ConsulConfig, key: str, value: dict, index: int, timeout: float = DEFAULT_TIMEOUT_S) -> bool:

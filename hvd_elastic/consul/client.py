@@ -51,6 +51,12 @@ def _request(config: ConsulConfig, method: str, target: str, deadline: float,
 BAD_FILTER = "Failed to create boolean expression evaluator"
 
 
+def index_of(headers: dict[str, str]) -> int:
+    """An answer's ``X-Consul-Index``, 0 when it has none (or not a number)."""
+    raw = headers.get("x-consul-index", "")
+    return int(raw) if raw.isdigit() else 0
+
+
 def _error_text(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip().splitlines()
     return text[0][:200] if text else "(empty body)"
@@ -151,9 +157,8 @@ def _attempt(config: ConsulConfig, method: str, url: str, deadline: float,
         text = _error_text(body)
         raise ConsulError(f"{where} failed: {status} {text}", retryable=BAD_FILTER not in text, status=status)
     if status != 200:
-        index = headers.get("x-consul-index", "")
         raise ConsulError(f"{where} rejected the request: {status} {_error_text(body)}", retryable=False, status=status,
-                          index=int(index) if index.isdigit() else 0)
+                          index=index_of(headers))
     if not body.strip():
         return None, headers
     try:
