@@ -9,15 +9,16 @@ bootstrap:
 demo: bootstrap
 	$(VENV)/bin/hvd-elastic demo --consul dev
 
-# pytest runs twice: the tests that can share the machine side by side (TEST_JOBS workers, a file each), then
-# those marked serial one at a time (tests/conftest.py says which).  Both always run; pytest's 5 ("no
-# tests selected", as PYTEST_ARGS naming one file can make it) is no failure.
+# pytest runs twice: the tests that can share the machine side by side (TEST_JOBS workers, a file each, in
+# tests/conftest.py's order: longest first), then those marked serial one at a time (tests/conftest.py says
+# which).  Both always run; pytest's 5 ("no tests selected", as PYTEST_ARGS naming one file can make it) is
+# no failure.
 TEST_JOBS ?= 2
 test: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	status=0; \
-	$(VENV)/bin/python -m pytest -m "not serial" -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
+	$(VENV)/bin/python -m pytest -m "not serial" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=$$?; \
 	[ $$status -eq 5 ] && status=0; \
 	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	exit $$status

@@ -11,6 +11,11 @@ worker), then these alone.  Every ``multihost`` test is one: the network-namespa
 bed is one per machine (``testbed.netns`` holds a lock), and a rank of a bed
 sharing the cores with another test is a straggler by the clock.
 
+The side-by-side pass hands out whole files longest first (``long`` tests, minutes
+each, then ``slow`` ones, then the rest), so the pass ends on short files instead of
+one worker finishing a long test alone; ``make test`` turns off pytest-xdist's own
+order, which is by number of tests.
+
 In CI (``CI`` set to a true value, as ``.ci/run`` does) a skipped test is a
 failure naming what was missing: every prerequisite of the suite (root for the
 network-namespace bed, ``openssl``, Open MPI, torchdata, the cached Horovod wheel)
@@ -39,10 +44,24 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"missing prerequisite (a skip fails in CI, CI={os.environ['CI']!r}): {reason}"
 
 
+# Rough seconds a test takes, by its marker: enough to order files, longest first.
+ESTIMATED_SECONDS = (("long", 300.0), ("slow", 30.0))
+UNMARKED_SECONDS = 0.5
+
+
+def estimated_seconds(item) -> float:
+    return next((s for name, s in ESTIMATED_SECONDS if item.get_closest_marker(name)), UNMARKED_SECONDS)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("multihost"):
             item.add_marker(pytest.mark.serial)
+    per_file: dict[str, float] = {}
+    for item in items:
+        per_file[item.path] = per_file.get(item.path, 0.0) + estimated_seconds(item)
+    # Stable: a file's tests keep their order, files of equal estimate keep theirs.
+    items.sort(key=lambda item: -per_file[item.path])
 
 
 def pytest_generate_tests(metafunc):

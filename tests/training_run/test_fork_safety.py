@@ -184,6 +184,7 @@ def test_a_killed_rank_s_forks_do_not_hold_the_survivor(tmp_path, loader, leftov
     assert_exactly_once(tmp_path, final["history"], samples, epochs)
 
 
+@pytest.mark.long
 def test_every_loader_configuration_gives_the_same_batches_with_and_without_the_fix(tmp_path):
     loaders = ALL_LOADERS.split(",")
     samples, epochs = 48, 2  # two epochs: persistent workers serve both
