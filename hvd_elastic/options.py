@@ -211,10 +211,13 @@ def stop_on_signals(log: logging.Logger, action: str) -> contextlib.AbstractCont
     return handled()
 
 
-def consul_config(args: argparse.Namespace) -> ConsulConfig:
-    """The connection settings from the flags above and the environment; raises ConfigError."""
+def consul_config(args: argparse.Namespace, *, addr: str | None = None,
+                  addr_flag: str = "--http-addr") -> ConsulConfig:
+    """The connection settings from the flags above and the environment (``addr``, named ``addr_flag`` in errors,
+    instead of ``--http-addr`` when given); raises ConfigError."""
     return ConsulConfig.from_env(
-        addr=args.http_addr,
+        addr=addr or args.http_addr,
+        addr_flag=addr_flag if addr else "--http-addr",
         token=args.token,
         token_file=args.token_file,
         ca_file=args.ca_file,

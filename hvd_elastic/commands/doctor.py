@@ -9,6 +9,14 @@ says how to fix it; optional checks (GPUs, CUDA and NCCL on a CPU-only node,
 say; required with ``--require-gpu``) only warn.  Consul is reached with the
 same flags and ``CONSUL_*`` variables as every other command.
 
+``--launcher torchrun`` checks a node for ``torchrun --rdzv-backend consul`` instead of horovodrun (no
+Horovod, MPI or ssh lines): that torchrun finds the ``consul`` backend (``torchrun``), that the token may
+write and delete keys under the rendezvous key prefix (``rdzv``: a probe key, removed again), with
+``--rdzv-id`` that the run id is not closed by an earlier job (``run``: torchrun would refuse to join it),
+and what the health gate decides for this node (``gate``: its node agent's instance passing, not drained).
+``--rdzv-endpoint`` and ``--rdzv-conf`` take torchrun's values; the agent reads its token and TLS settings
+from the ``CONSUL_HTTP_*`` variables, which doctor reads too.
+
 ``--hosts h1,h2`` adds one ``shared`` line per host: doctor writes a marker
 into ``--checkpoint-dir`` here (:mod:`hvd_elastic.training._internal.shared_dir`) and
 reads it back on each host with ``ssh HOST cat -- MARKER`` (BatchMode, as
@@ -24,6 +32,8 @@ import argparse
 import dataclasses
 import importlib
 import os
+import pickle
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -32,7 +42,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from hvd_elastic.consul import api
-from hvd_elastic.consul.config import ConfigError, read_token_file, token_file_exposure
+from hvd_elastic.consul.config import ConfigError, ConsulConfig, read_token_file, token_file_exposure
 from hvd_elastic.consul.errors import ConsulError
 from hvd_elastic.discovery import token_guard
 from hvd_elastic.options import (
@@ -46,6 +56,7 @@ from hvd_elastic.options import (
     positive_seconds,
     setting,
 )
+from hvd_elastic.torchrun.settings import RendezvousSettings
 from hvd_elastic.training._internal import shared_dir
 
 def install_fix(package_dir: str) -> str:
@@ -173,10 +184,17 @@ def check_mpi(args: argparse.Namespace) -> Finding:
     return Finding("mpi", True, f"mpi4py on {library}; mpirun {mpirun}")
 
 
+def doctor_consul(args: argparse.Namespace) -> ConsulConfig:
+    """The Consul agent the job will use: torchrun's ``--rdzv-endpoint`` when given, else the common flags."""
+    if args.launcher == "torchrun" and args.rdzv_endpoint:
+        return consul_config(args, addr=args.rdzv_endpoint, addr_flag="--rdzv-endpoint")
+    return consul_config(args)
+
+
 def check_consul(args: argparse.Namespace) -> Finding:
     fix = "start the local Consul agent or point --http-addr or CONSUL_HTTP_ADDR at it"
     try:
-        cfg = consul_config(args)
+        cfg = doctor_consul(args)
         leader = api.leader(cfg, timeout=args.timeout)
     except ConfigError as exc:
         return Finding("consul", False, str(exc), bad_input=True)
@@ -196,7 +214,8 @@ def check_token(args: argparse.Namespace) -> Finding:
         accepted = token_guard.allowed(os.environ)
     except ConfigError as exc:
         return Finding("token", False, str(exc), f"set {token_guard.ALLOW_ENV}=1 or unset it")
-    found = token_guard.exposure(os.environ, token_flag=bool(args.token))
+    # The exposure is horovodrun's: it puts the launcher's environment on each host's ssh command line.
+    found = token_guard.exposure(os.environ, token_flag=bool(args.token)) if args.launcher == "horovodrun" else None
     if found is not None:
         risk, fix = found
         allow = f"{token_guard.ALLOW_ENV}=1"
@@ -316,13 +335,126 @@ def check_ssh(args: argparse.Namespace) -> Finding:
                    f"{int(interval) * int(count)} s (ServerAliveInterval {interval} x ServerAliveCountMax {count})")
 
 
-CHECKS: list[Callable[[argparse.Namespace], Finding]] = [
-    check_python, check_torch, check_horovod, check_mpi, check_gpus, check_cuda, check_consul, check_token,
-    check_disk, check_ssh,
-]
+TORCHRUN_FIX = "pip install hvd-elastic into the Python that runs torchrun (its torchrun.handlers entry point)"
+NODE_AGENT_FIX = "run hvd-elastic node-agent on every node (docs/howto/torchrun.md)"
+
+
+def check_torchrun(args: argparse.Namespace) -> Finding:
+    """torchrun finds our ``consul`` backend, and this torch has what the handler builds on."""
+    from importlib.metadata import entry_points
+
+    from hvd_elastic.torchrun.plugin import handler_creator
+
+    ours = f"{handler_creator.__module__}:{handler_creator.__name__}"
+    found = [point.value for point in entry_points(group="torchrun.handlers") if point.name == "consul"]
+    if found != [ours]:
+        detail = (f"torchrun.handlers names consul as {', '.join(found)}, not {ours}" if found
+                  else "no 'consul' in the torchrun.handlers entry points")
+        return Finding("torchrun", False, detail, TORCHRUN_FIX)
+    try:
+        from hvd_elastic.torchrun import handler  # noqa: F401 -- checks torch's private parts at import
+    except ImportError as exc:
+        return Finding("torchrun", False, str(exc).splitlines()[0], BOOTSTRAP_FIX)
+    return Finding("torchrun", True, f"--rdzv-backend consul ({ours}) on torch {_version_of('torch')}")
+
+
+def rendezvous_settings(args: argparse.Namespace) -> RendezvousSettings:
+    """What ``torchrun --rdzv-backend consul`` with these values would read; raises ConfigError."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    params = RendezvousParameters("consul", args.rdzv_endpoint or "", args.rdzv_id or "doctor", 1, 1,
+                                  **args.rdzv_conf)
+    return dataclasses.replace(RendezvousSettings.from_parameters(params), consul=doctor_consul(args))
+
+
+def check_rendezvous(args: argparse.Namespace) -> list[Finding]:
+    """``rdzv``: the token may write and delete under the key prefix; ``run``: ``--rdzv-id`` is not closed;
+    ``gate``: what the health gate decides for this node."""
+    try:
+        settings = rendezvous_settings(args)
+    except ConfigError as exc:
+        return [Finding("rdzv", False, str(exc), bad_input=True)]
+    except ImportError as exc:  # the torchrun line says why
+        return [Finding("rdzv", False, f"torch's rendezvous is not importable ({exc})")]
+    found = [_probe_key_prefix(settings)]
+    if args.rdzv_id:
+        found.append(_run_state(settings))
+    return [*found, _health_gate(settings)]
+
+
+def _probe_key_prefix(settings: RendezvousSettings) -> Finding:
+    key = f"{settings.key_prefix}/.doctor-{secrets.token_hex(8)}"
+    fix = (f"give the agents' token write on key_prefix \"{settings.key_prefix}/\" (docs/howto/torchrun.md), or "
+           "choose --rdzv-conf key_prefix=...")
+    try:
+        written = api.kv_cas(settings.consul, key, {"doctor": True}, 0)
+    except ConsulError as exc:
+        return Finding("rdzv", False, f"cannot write {key}: {exc}", fix if exc.status == 403 else "")
+    if not written:
+        return Finding("rdzv", False, f"Consul refused to create {key} (a check-and-set on a new key)", fix)
+    try:
+        api.kv_delete(settings.consul, key)
+    except ConsulError as exc:
+        return Finding("rdzv", False, f"wrote {key} but cannot delete it: {exc}", fix)
+    return Finding("rdzv", True, f"can write and delete keys under {settings.key_prefix}/ "
+                   f"at {settings.consul.base_url}")
+
+
+def _run_state(settings: RendezvousSettings) -> Finding:
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    from hvd_elastic.torchrun.backend import ConsulRendezvousBackend
+
+    run = f"--rdzv-id={settings.run_id!r}"
+    try:
+        got = ConsulRendezvousBackend(settings).get_state()
+        state = None if got is None else pickle.loads(got[0])  # check_state allowed only torch's state classes
+    except RendezvousError as exc:
+        return Finding("run", False, f"{run}: {exc}")
+    if state is None:
+        return Finding("run", True, f"{run} is new: the first agent creates its state")
+    if state.closed:
+        return Finding("run", False, f"{run} was closed by its last job: torchrun would refuse to join it",
+                       f"choose another --rdzv-id, or delete the old run: consul kv delete -recurse "
+                       f"{settings.run_prefix}/")
+    return Finding("run", True, f"{run} is open: round {state.round}, {len(state.participants)} node(s) in it")
+
+
+def _health_gate(settings: RendezvousSettings) -> Finding:
+    from hvd_elastic.health.hosts import MalformedResponse
+    from hvd_elastic.torchrun.gate import HealthGate
+
+    if settings.health_gate == "false":
+        return Finding("gate", True, "off (health_gate=false): drains and health checks do not reach torchrun")
+    gate = HealthGate(settings.consul, settings.service, required=settings.health_gate == "true")
+    try:
+        health = gate.judge(api.agent_services(settings.consul), api.agent_checks(settings.consul))
+    except (ConsulError, MalformedResponse) as exc:
+        return Finding("gate", False, f"cannot read this node's health: {exc}")
+    if not health.registered:  # admitted under auto, but no drain or check of ours reaches it: a warning
+        return Finding("gate", False, health.why, NODE_AGENT_FIX, required=not health.admitted)
+    return Finding("gate", health.admitted, ("admitted: " if health.admitted else "kept out: ") + health.why,
+                   "" if health.admitted else "undrain the node (hvd-elastic undrain) or fix its failing check")
+
+
+CHECKS: dict[str, list[Callable[[argparse.Namespace], Finding]]] = {
+    "horovodrun": [check_python, check_torch, check_horovod, check_mpi, check_gpus, check_cuda, check_consul,
+                   check_token, check_disk, check_ssh],
+    "torchrun": [check_python, check_torch, check_torchrun, check_gpus, check_cuda, check_consul, check_token,
+                 check_disk],
+}
 
 
 _non_negative = argument_type(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+
+
+def rdzv_conf(text: str) -> dict[str, str]:
+    """torchrun's ``--rdzv-conf`` form: ``key=value`` pairs joined by commas."""
+    pairs = [pair.partition("=") for pair in text.split(",") if pair.strip()]
+    for key, sep, _ in pairs:
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE,... (as torchrun's --rdzv-conf)")
+    return {key.strip(): value.strip() for key, _, value in pairs}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -334,6 +466,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", type=host_list, metavar="H1,H2,...", default=[],
                         help="also check over ssh that each of these hosts sees --checkpoint-dir "
                              "(the same shared directory), one 'shared' line per host")
+    parser.add_argument("--launcher", choices=tuple(CHECKS), default="horovodrun",
+                        help="what the job is launched with (default %(default)s)")
+    parser.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
+                        help="with --launcher torchrun: torchrun's --rdzv-endpoint (default: the Consul agent "
+                             "below)")
+    parser.add_argument("--rdzv-id", default="", help="with --launcher torchrun: the run id to check")
+    parser.add_argument("--rdzv-conf", type=rdzv_conf, default={}, metavar="KEY=VALUE,...",
+                        help="with --launcher torchrun: torchrun's --rdzv-conf (key_prefix, health_gate, service)")
     parser.add_argument("--timeout", type=positive_seconds, default=2.0,
                         help="how long to wait for the Consul agent (seconds, or e.g. 500ms; default %(default)s)")
     add_consul_arguments(parser)
@@ -343,7 +483,7 @@ def findings(args: argparse.Namespace) -> Iterator[Finding]:
     """Every check's finding as soon as it is made; on a terminal, which check runs meanwhile (some take
     seconds: importing torch, ``horovodrun --check-build``)."""
     progress = sys.stderr.isatty()
-    for check in CHECKS:
+    for check in CHECKS[args.launcher]:
         if progress:
             sys.stderr.write(f"checking {check.__name__.removeprefix('check_')}...\r")
             sys.stderr.flush()
@@ -351,6 +491,8 @@ def findings(args: argparse.Namespace) -> Iterator[Finding]:
         if progress:
             sys.stderr.write("\x1b[K")  # erase the progress line before the finding takes its place
         yield finding
+    if args.launcher == "torchrun":
+        yield from check_rendezvous(args)
     yield from check_shared_dir(args)
 
 

@@ -33,6 +33,7 @@ _TIMEOUT_S = 2.0
 class Health:
     admitted: bool
     why: str  # what keeps the node out, or what admitted it
+    registered: bool = True  # an instance of the service is on this node (False: no node agent gates it)
 
 
 class HealthGate:
@@ -60,7 +61,8 @@ class HealthGate:
                      if isinstance(info, dict) and info.get("Service") == self.service)
         if not ids:
             missing = f"no instance of service {self.service!r} is registered on this node's Consul agent"
-            return Health(not self.required, missing + ("" if self.required else ": health does not gate it"))
+            return Health(not self.required, missing + ("" if self.required else ": health does not gate it"),
+                          registered=False)
         node_checks = [c for c in checks.values() if isinstance(c, dict) and not c.get("ServiceID")]
         for sid in ids:
             mine = [c for c in checks.values() if isinstance(c, dict) and c.get("ServiceID") == sid]

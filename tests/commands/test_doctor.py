@@ -92,7 +92,7 @@ def test_each_finding_is_printed_before_the_next_check_runs(monkeypatch, capsys,
         seen.append(capsys.readouterr())  # what the terminal shows while this check runs
         return doctor.Finding("second", False, "CONSUL_HTTP_ADDR='x:y' is bad", bad_input=True)
 
-    monkeypatch.setattr(doctor, "CHECKS", [first, second])
+    monkeypatch.setitem(doctor.CHECKS, "horovodrun", [first, second])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     code = doctor.run(parse("--checkpoint-dir", str(tmp_path)))
     out, err = capsys.readouterr()
