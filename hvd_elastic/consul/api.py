@@ -193,6 +193,24 @@ def kv_put(config: ConsulConfig, key: str, value: dict, timeout: float = DEFAULT
                    retry_window=retry_window)
 
 
-def kv_delete(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-    """``DELETE /v1/kv/:key`` (a missing key is no error in Consul)."""
-    client.request(config, "/v1/kv/" + quote(key, safe="/"), method="DELETE", timeout=timeout)
+def kv_delete(config: ConsulConfig, key: str, timeout: float = DEFAULT_TIMEOUT_S, *, recurse: bool = False) -> None:
+    """``DELETE /v1/kv/:key``, with ``recurse`` every key that starts with ``key`` (a missing key is no error in
+    Consul)."""
+    client.request(config, "/v1/kv/" + quote(key, safe="/"), [("recurse", "")] if recurse else None,
+                   method="DELETE", timeout=timeout)
+
+
+def kv_keys(config: ConsulConfig, prefix: str, separator: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """``GET /v1/kv/:prefix?keys``: the keys under ``prefix``, each cut after the first ``separator`` past the
+    prefix (Consul's folders); [] when there is none."""
+    query = [("keys", "")] + ([("separator", separator)] if separator else [])
+    try:
+        answer = client.get_json(config, "/v1/kv/" + quote(prefix, safe="/"), query, timeout=timeout)
+    except ConsulError as exc:
+        if exc.status == 404:
+            return []
+        raise
+    if not isinstance(answer, list) or not all(isinstance(key, str) for key in answer):
+        raise ConsulError(f"Consul at {config.base_url} answered a key listing of {prefix} with {answer!r}",
+                          retryable=False)
+    return answer

@@ -28,6 +28,7 @@ import datetime
 import logging
 import time
 
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
@@ -37,7 +38,7 @@ from hvd_elastic.torchrun.settings import RendezvousSettings, whole
 from hvd_elastic.torchrun.store import ConsulStore
 
 log = logging.getLogger("hvd_elastic.torchrun")
-_PRIVATE = ("_bootstrap_store_info", "_state_holder", "_op_executor", "_heartbeat_lock")
+_PRIVATE = ("_bootstrap_store_info", "_state_holder", "_op_executor", "_heartbeat_lock", "_store")
 if not all(name in dyn.DynamicRendezvousHandler.__init__.__code__.co_names for name in _PRIVATE) \
         or not hasattr(dyn, "_RendezvousExitOp"):
     raise ImportError(f"torchrun --rdzv-backend consul: this torch's DynamicRendezvousHandler lacks one of "
@@ -57,7 +58,18 @@ class ConsulRendezvousHandler(dyn.DynamicRendezvousHandler):
         self._bootstrap_store_info = None  # a fresh agent store for every round (the module docstring says why)
         info = super().next_rendezvous()
         self._members, self._left_at = frozenset(self._state_holder.state.participants), None
+        if info.rank == 0 and isinstance(self._store, ConsulStore):
+            self._drop_old_rounds(self._state_holder.state.round)
         return info
+
+    def _drop_old_rounds(self, round_: int) -> None:
+        # Round - 1 stays: a slow member may still read it on its way here.  Best effort: the job goes on.
+        try:
+            dropped = self._store.drop_rounds_before(round_ - 1)
+        except DistNetworkError as exc:
+            log.warning("could not delete the store keys of rounds before %d: %s", round_ - 1, exc)
+        else:
+            log.debug("deleted the store keys of %d round(s) before %d", dropped, round_ - 1)
 
     def num_nodes_waiting(self) -> int:
         waiting = super().num_nodes_waiting()

@@ -8,7 +8,10 @@ job; here it is Consul, which the job already trusts for its state.  The workers
 
 Contract:
 
-* A key ``k`` is ``<key_prefix>/<run_id>/store/<base64url(k)>``; its value JSON ``{"v": <base64>}``.
+* A key ``k`` is ``<key_prefix>/<run_id>/store/<base64url(k)>``; its value JSON ``{"v": <base64>}``.  A key
+  of a rendezvous round (torch prefixes them ``torch.rendezvous.<run_id>.<round>/``) lies under the round's
+  own folder, ``.../store/round-<round>/<base64url(rest)>``, so :meth:`ConsulStore.drop_rounds_before`
+  deletes a finished round's keys in one recursive delete each.
 * ``get`` and ``wait`` block (Consul blocking queries) until every key exists, for the store's timeout
   (torch's ``set_timeout``; ``read_timeout`` at first), then raise ``DistStoreError`` naming the key.  ``add`` is a
   check-and-set loop, atomic across agents.  ``check`` does not wait.
@@ -21,6 +24,7 @@ import base64
 import binascii
 import datetime
 import json
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,10 +37,15 @@ from hvd_elastic.torchrun.settings import RendezvousSettings
 
 _BLOCK_S = 30.0  # one blocking read; a longer wait is several
 _CALL_MARGIN_S = 10.0  # beyond the blocking wait, for the answer to arrive
+_ROUND_KEY = re.compile(rb"torch\.rendezvous\.[^/]*\.(\d+)/(.+)", re.DOTALL)  # torch's PrefixStore of a round
 
 
 def _bytes(value: str | bytes) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 class ConsulStore(dist.Store):
@@ -83,8 +92,26 @@ class ConsulStore(dist.Store):
     def _timeout(self) -> datetime.timedelta:
         return self.timeout  # type: ignore[attr-defined]  # torch's Store property, missing from its stubs
 
+    def drop_rounds_before(self, round_: int) -> int:
+        """Delete the keys of every round before ``round_``; returns how many rounds had keys.  Raises
+        ``DistNetworkError``."""
+        try:
+            folders = api.kv_keys(self.settings.consul, self.prefix, "/", timeout=_CALL_MARGIN_S)
+            old = [folder for folder in folders
+                   if (found := re.fullmatch(re.escape(self.prefix) + r"round-(\d+)/", folder))
+                   and int(found[1]) < round_]
+            for folder in old:
+                api.kv_delete(self.settings.consul, folder, timeout=_CALL_MARGIN_S, recurse=True)
+        except ConsulError as exc:
+            raise dist.DistNetworkError(f"Consul store {self.prefix}: cannot drop rounds before {round_}: "
+                                        f"{exc}") from None
+        return len(old)
+
     def _key(self, key: str | bytes) -> str:
-        return self.prefix + base64.urlsafe_b64encode(_bytes(key)).decode().rstrip("=")
+        raw = _bytes(key)
+        if found := _ROUND_KEY.fullmatch(raw):
+            return f"{self.prefix}round-{int(found[1])}/{_b64(found[2])}"
+        return self.prefix + _b64(raw)
 
     @staticmethod
     def _value(value: bytes) -> dict:

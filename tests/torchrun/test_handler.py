@@ -12,6 +12,8 @@ import uuid
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousInfo
 
+from hvd_elastic.consul import api
+from hvd_elastic.consul.config import ConsulConfig
 from hvd_elastic.local.realconsul import consul_cluster
 from hvd_elastic.torchrun.handler import ConsulRendezvousHandler, create
 from testbed import wait_until
@@ -53,6 +55,14 @@ class Node:
         assert status == 200
 
 
+def store_rounds(cluster, run_id: str) -> list[int]:
+    """The rounds with keys in the run's agent store."""
+    prefix = f"hvd-elastic/torchrun/{run_id}/store/"
+    folders = api.kv_keys(ConsulConfig.from_env({}, addr=cluster.addr(NODES[0])), prefix, "/")
+    return sorted(int(folder.removeprefix(prefix + "round-").rstrip("/")) for folder in folders
+                  if folder.startswith(prefix + "round-"))
+
+
 def together(nodes: list[Node]) -> list[RendezvousInfo]:
     for node in nodes:
         node.join()
@@ -80,6 +90,7 @@ def test_a_drained_node_leaves_at_once_and_rejoins_when_undrained(consul_kind):
 
         three.join()  # out of the job: it waits
         second = together([one, two])
+        rounds_then = store_rounds(cluster, run_id)
         assert {info.world_size for info in second} == {2} and sorted(i.rank for i in second) == [0, 1]
         time.sleep(2.5)
         assert three.info is None and three.thread.is_alive()
@@ -91,5 +102,8 @@ def test_a_drained_node_leaves_at_once_and_rejoins_when_undrained(consul_kind):
         stores = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in third}
         assert len(stores) == 1 and stores != {(first[0].bootstrap_store_info.master_addr,
                                                 first[0].bootstrap_store_info.master_port)}
+        # Each round's rank 0 deleted the store keys of the rounds before the last one.
+        last = one.handler._state_holder.state.round
+        assert min(rounds_then) < last - 1 and min(store_rounds(cluster, run_id)) >= last - 1, rounds_then
         for node in nodes:
             node.handler.shutdown()

@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.utils import store as store_util
 
+from hvd_elastic.consul import api
 from hvd_elastic.torchrun.settings import RendezvousSettings
 from hvd_elastic.torchrun.store import ConsulStore
 from testbed.consul import consul_request
@@ -95,3 +96,17 @@ def test_a_value_that_is_not_ours_is_a_store_error(consul):
     assert status == 200
     with pytest.raises(dist.DistStoreError, match="holds no store value"):
         mine.get("k")
+
+
+def test_a_rounds_keys_lie_in_its_folder_and_finished_rounds_are_dropped_whole(consul):
+    mine = store(consul)
+    for round_ in (3, 4, 5):
+        dist.PrefixStore(f"torch.rendezvous.{mine.settings.run_id}.{round_}", mine).set("MASTER_ADDR", f"r{round_}")
+    mine.set("not.a.round/key", "kept")
+    folders = api.kv_keys(mine.settings.consul, mine.prefix, "/")
+    assert sorted(folder.removeprefix(mine.prefix) for folder in folders if folder.endswith("/")) == [
+        "round-3/", "round-4/", "round-5/"]
+    assert mine.drop_rounds_before(5) == 2 and mine.drop_rounds_before(5) == 0
+    assert dist.PrefixStore(f"torch.rendezvous.{mine.settings.run_id}.5", mine).get("MASTER_ADDR") == b"r5"
+    assert mine.get("not.a.round/key") == b"kept"
+    assert not dist.PrefixStore(f"torch.rendezvous.{mine.settings.run_id}.4", mine).check(["MASTER_ADDR"])
