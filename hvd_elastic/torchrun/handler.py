@@ -59,13 +59,14 @@ class ConsulRendezvousHandler(dyn.DynamicRendezvousHandler):
         info = super().next_rendezvous()
         self._members, self._left_at = frozenset(self._state_holder.state.participants), None
         if info.rank == 0 and isinstance(self._store, ConsulStore):
-            self._drop_old_rounds(self._state_holder.state.round)
+            self._drop_old_rounds(self._store, self._state_holder.state.round)
         return info
 
-    def _drop_old_rounds(self, round_: int) -> None:
+    @staticmethod
+    def _drop_old_rounds(store: ConsulStore, round_: int) -> None:
         # Round - 1 stays: a slow member may still read it on its way here.  Best effort: the job goes on.
         try:
-            dropped = self._store.drop_rounds_before(round_ - 1)
+            dropped = store.drop_rounds_before(round_ - 1)
         except DistNetworkError as exc:
             log.warning("could not delete the store keys of rounds before %d: %s", round_ - 1, exc)
         else:
