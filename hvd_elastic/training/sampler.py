@@ -93,7 +93,9 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         seed: the shuffling seed; must be the same on every rank.
         rank, world_size: initial position in the world; :class:`TrainingState`
             calls :meth:`set_world` on every sync and reset.  Defaults to
-            Horovod's rank and size when Horovod is initialised, else 0 and 1.
+            Horovod's rank and size when Horovod is initialised, else
+            ``torch.distributed``'s when its process group is (a torchrun
+            job), else 0 and 1.
     """
 
     def __init__(
@@ -119,7 +121,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.epoch = 0
         self.offset = 0
         if rank is None or world_size is None:
-            rank, world_size = _horovod_world()
+            rank, world_size = _world()
         self._step_samples: int | None = None
         self.set_world(rank, world_size)
         self._order_cache: tuple[int, torch.Tensor] | None = None
@@ -404,12 +406,16 @@ def _refuse_as_plain_sampler(sampler: ExactlyOnceSampler, caller) -> None:
                         "collate_fn=ExactlyOnceSampler.collate()), not sampler=sampler")
 
 
-def _horovod_world() -> tuple[int, int]:
+def _world() -> tuple[int, int]:
     try:
         import horovod.torch as hvd
 
         if hvd.is_initialized():
             return hvd.rank(), hvd.size()
-    except (ImportError, ValueError):
+    except (ImportError, ValueError):  # a torchrun job may have no Horovod at all
         pass
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     return 0, 1

@@ -217,3 +217,31 @@ def test_samples_this_step_counts_only_the_samples_of_a_step_with_idle_ranks():
         s.load_state_dict({**s.state_dict(), "offset": 45})
     assert [len(next(iter(s))) for s in samplers] == [1, 1, 0]
     assert [s.samples_this_step for s in samplers] == [2, 2, 2]
+
+
+def _first_step_under_torch_distributed(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        sampler = ExactlyOnceSampler(10, 2, seed=0)  # no rank given: torch.distributed's, as under torchrun
+        out.put((rank, sampler.rank, sampler.world_size, next(iter(sampler))))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_without_horovod_the_world_is_torch_distributeds():
+    import torch.multiprocessing as mp
+
+    from hvd_elastic.local import ports
+
+    port, = ports.reserve(1)
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    mp.start_processes(_first_step_under_torch_distributed, args=(port, out), nprocs=2, start_method="spawn")
+    got = sorted(out.get(timeout=60) for _ in range(2))
+    assert [(rank, seen_rank, size) for rank, seen_rank, size, _ in got] == [(0, 0, 2), (1, 1, 2)]
+    single = ExactlyOnceSampler(10, 2, seed=0)
+    assert (single.rank, single.world_size) == (0, 1)  # no process group in this process
+    first_step = next(iter(ExactlyOnceSampler(10, 4, seed=0)))
+    assert sorted(got[0][3] + got[1][3]) == sorted(first_step)  # the two ranks split one global step
