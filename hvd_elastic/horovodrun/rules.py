@@ -4,7 +4,7 @@ Horovod's driver (``horovod/runner/elastic/driver.py``, ``registration.py``,
 ``gloo_run.py``) was written for a fixed pool of machines; under churn its
 rules end or wedge the job.  For a job whose ``--host-discovery-script`` is
 hvd-elastic's (``consul_hosts``, ``hvd-elastic discover``), or any job run
-with ``HVD_ELASTIC_DRIVER=1``, eight of them change (``HVD_ELASTIC_DRIVER=0``
+with ``HVD_ELASTIC_DRIVER=1``, nine of them change (``HVD_ELASTIC_DRIVER=0``
 keeps Horovod's):
 
 1. **A failed host comes back.**  Without ``--blacklist-cooldown-range`` Horovod
@@ -84,6 +84,19 @@ keeps Horovod's):
    that got through ``hvd.init()`` is still running, the workers still
    joining are ended, and the exit of a worker that never got through
    ``hvd.init()`` counts as 0 from then on (:mod:`.slots` tells them apart).
+
+9. **A worker of an earlier world cannot write into this one's rendezvous.**
+   Horovod clears its store when a world starts, but a worker started for an
+   earlier world that reaches ``hvd.init()`` only now (a fresh worker takes
+   its rank and size from the environment it was launched with) writes that
+   world's Gloo addresses into the new world's keys.  Each rank publishes one
+   block of addresses, one per peer, and Gloo cuts a block by its own world's
+   size, so every rank of the new world that reads the stale block aborts
+   (``address.cc: sizeof(impl_) == bytes.size(). 136 vs 170``: a block of a
+   world of 6 read in a world of 5) and the round fails whole.  So a block
+   whose length does not fit this world's size is refused with 503 (the stale
+   worker fails as under rule 5, its host spared).  A stale block of a world of
+   the same size is not told apart.
 
 Contract:
 
@@ -549,10 +562,22 @@ def _patch_launcher(gloo_run: Any) -> None:
                 def do_GET(self):
                     parts = self.path.split("/")
                     if len(parts) == 3 and _is_gloo_scope(parts[1]) and _doomed(self.server):
-                        job.sent_away[self.client_address[0]] = time.monotonic()
-                        self.send_status_code(503)  # rule 5: this world will never form
+                        self._send_away()  # rule 5: this world will never form
                         return
                     super().do_GET()
+
+                def do_PUT(self):
+                    parts = self.path.split("/")
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if len(parts) == 3 and parts[1] == _GLOO_GLOBAL and _stale_block(self.server, parts[2], length):
+                        self.rfile.read(length)
+                        self._send_away()  # rule 9: addresses of an earlier world
+                        return
+                    super().do_PUT()
+
+                def _send_away(self):
+                    job.sent_away[self.client_address[0]] = time.monotonic()
+                    self.send_status_code(503)
 
                 def _get_value(self, scope, key):
                     if scope == SCOPE and key == WORLD_KEY:
@@ -621,6 +646,22 @@ def _spare_sent_away(manager: Any, job: Job) -> None:
 def _doomed(server: Any) -> bool:
     with server.cache_lock:
         return _DOOMED_KEY in server.cache.get(SCOPE, {})
+
+
+# gloo/transport/tcp/address.h: one pair's address is a sockaddr_storage (128 bytes on Linux) and a sequence number.
+GLOO_ADDRESS_BYTES = 136
+
+
+def _stale_block(server: Any, rank: str, length: int) -> bool:
+    """Rule 9: whether ``length`` bytes written as rank ``rank``'s Gloo addresses cannot be this world's (one
+    address per peer: ``(size - 1) * GLOO_ADDRESS_BYTES``)."""
+    size = getattr(server, "scope_size", {}).get(_GLOO_GLOBAL)
+    if not isinstance(size, int) or size < 2 or length == (size - 1) * GLOO_ADDRESS_BYTES:
+        return False
+    log.warning("hvd-elastic: a worker wrote %d bytes of Gloo addresses as rank %s, a block of a world of %s, "
+                "into the rendezvous of a world of %d: refused, it is of an earlier world", length, rank,
+                f"{length / GLOO_ADDRESS_BYTES + 1:g}", size)
+    return True
 
 
 def _is_gloo_scope(scope: str) -> bool:

@@ -139,7 +139,7 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         assert client.world().hosts == ("a", "b", "c") and not client.world().present
         assert client.world().min_np == 2  # the floor of a straggler drain
         client.request("PUT", "/hvd_elastic_ready/0", b"a")
-        client.request("PUT", "/global/2", b"gloo address")
+        client.request("PUT", "/global/2", bytes(2 * rules.GLOO_ADDRESS_BYTES))  # rank 2's block in a world of 3
         assert client.world().present == {0, 2} and client.world().doomed == ""
         assert client.request("GET", "/global/2")[0] == 200
 
@@ -167,6 +167,38 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         world = client.world()
         assert (world.hosts, world.present, world.doomed) == (("a", "b"), frozenset(), "")
         assert client.request("GET", "/global/2")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_rule_9_gloo_addresses_of_a_world_of_another_size_are_refused():
+    """The soak's and the peers run's whole-round failures (``address.cc: 136 vs 170``): a worker started for an
+    earlier world writes its block of Gloo addresses into the new world's store, and every rank that reads it
+    aborts.  On Horovod's own server: this world's block is stored, another size's is refused with 503 and not
+    stored, and its host is spared as under rule 5."""
+    from types import SimpleNamespace
+
+    from horovod.runner import gloo_run
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+    from hvd_elastic.training._internal.rendezvous import Server
+
+    rules.install(gloo_run)
+    server = RendezvousServer()
+    driver = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server,
+                             finished=lambda: True, _min_num_proc=2)
+    port = server.start(gloo_run.create_rendezvous_handler(driver))
+    try:
+        server.init([SlotInfo(host, rank, 0, rank, 3, 1, 3) for rank, host in enumerate("abc")])
+        client = Server("127.0.0.1", port)
+        block = bytes(range(256)) * 2
+        assert client.request("PUT", "/global/1", block[:2 * rules.GLOO_ADDRESS_BYTES])[0] == 200
+        for size in (2, 5, 6):  # a rank of a world of `size` publishes size - 1 addresses
+            assert client.request("PUT", "/global/0", block[:(size - 1) * rules.GLOO_ADDRESS_BYTES])[0] == 503
+        assert client.request("GET", "/global/0")[0] == 404  # nothing of them was stored
+        assert client.request("GET", "/global/1") == (200, block[:2 * rules.GLOO_ADDRESS_BYTES])
+        assert "127.0.0.1" in driver._hvd_elastic.sent_away  # its failure will not hold its host out
+        assert client.request("PUT", "/local_a/0", b"any")[0] == 200  # only the global block is sized here
     finally:
         server.stop()
 
