@@ -569,7 +569,8 @@ def _patch_launcher(gloo_run: Any) -> None:
                 def do_PUT(self):
                     parts = self.path.split("/")
                     length = int(self.headers.get("Content-Length") or 0)
-                    if len(parts) == 3 and parts[1] == _GLOO_GLOBAL and _stale_block(self.server, parts[2], length):
+                    if len(parts) == 3 and parts[1] == _GLOO_GLOBAL and parts[2].isdigit() \
+                            and _stale_block(self.server, parts[2], length):
                         self.rfile.read(length)
                         self._send_away()  # rule 9: addresses of an earlier world
                         return
@@ -654,7 +655,8 @@ GLOO_ADDRESS_BYTES = 136
 
 def _stale_block(server: Any, rank: str, length: int) -> bool:
     """Rule 9: whether ``length`` bytes written as rank ``rank``'s Gloo addresses cannot be this world's (one
-    address per peer: ``(size - 1) * GLOO_ADDRESS_BYTES``)."""
+    address per peer: ``(size - 1) * GLOO_ADDRESS_BYTES``).  Only Gloo's own keys, the bare ranks, are such
+    blocks: Horovod keeps other values in the same scope."""
     size = getattr(server, "scope_size", {}).get(_GLOO_GLOBAL)
     if not isinstance(size, int) or size < 2 or length == (size - 1) * GLOO_ADDRESS_BYTES:
         return False

@@ -199,6 +199,7 @@ def test_rule_9_gloo_addresses_of_a_world_of_another_size_are_refused():
         assert client.request("GET", "/global/1") == (200, block[:2 * rules.GLOO_ADDRESS_BYTES])
         assert "127.0.0.1" in driver._hvd_elastic.sent_away  # its failure will not hold its host out
         assert client.request("PUT", "/local_a/0", b"any")[0] == 200  # only the global block is sized here
+        assert client.request("PUT", "/global/rank_1", b"ab")[0] == 200  # Horovod's own values beside Gloo's
     finally:
         server.stop()
 
