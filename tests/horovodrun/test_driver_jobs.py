@@ -33,6 +33,11 @@ turns into a dead or wedged job, reproduced directly (no soak):
   here it sleeps before ``hvd.init()``, which the driver cannot tell apart): the round never ends
   without it, so the job waits out the connection timeout, minutes; here it is ended 5 s after the
   world was given up and the next world trains;
+* a host of the next world is lost while the survivors connect their Gloo pairs inside ``hvd.init()``
+  (here the joiner's addresses, published by the test, lead to a socket that never answers, and the
+  joiner itself is killed before its ``hvd.init()``): the survivors can never complete the rendezvous
+  and stock Horovod's wait out Gloo's timeout; here each leaves ``hvd.init()`` 2 s after the driver gave
+  the world up (exit 75) and the next world resumes from the checkpoint;
 * the job finishes while a host joins (join-ahead keeps the survivor training while the joiner
   starts; here the joiner sleeps before ``hvd.init()``): horovodrun waits for the joiner, which waits
   out its Gloo timeout and fails, and then exits 1 for a job that finished; here the joiner is ended
@@ -44,6 +49,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 import json
@@ -56,6 +62,7 @@ from testbed import VENV_BIN, JsonLines, Job, child_env, horovodrun_elastic, hos
 from hvd_elastic.report.ledger import run_problems
 from hvd_elastic.training.checkpoint import CheckpointManager
 from hvd_elastic.training.events import EventLog
+from hvd_elastic.training._internal.rendezvous import Server
 
 pytestmark = pytest.mark.slow
 
@@ -296,6 +303,45 @@ def test_a_worker_stuck_in_a_given_up_worlds_rendezvous_is_ended(tmp_path):
     log = job.read_log()
     assert "hvd-elastic: 127.0.0.1[0] is still inside the given-up world's rendezvous 5 s later: ending it" in log, \
         log[-3000:]
+    assert "every worker of the round failed" in log and "stop running" not in log, log[-3000:]
+    assert not run_problems(out), run_problems(out)
+
+
+def gloo_addresses(size: int, port: int) -> bytes:
+    """A rank's block of Gloo addresses in a world of ``size`` (gloo/transport/tcp/address.h: a sockaddr_storage
+    and a sequence number per peer), every one 127.0.0.1:``port``."""
+    sockaddr = struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + socket.inet_aton("127.0.0.1")
+    one = sockaddr.ljust(128, b"\0") + struct.pack("=q", 0)
+    return one * (size - 1)
+
+
+def test_survivors_stuck_connecting_in_a_given_up_world_leave_it_without_waiting_for_gloo(tmp_path):
+    joiner = third_local_host()
+    job, out, progress = start(tmp_path, min_np=2, max_np=3, args=("--hang-before-init-on", joiner))
+    silent = socket.socket()  # accepts connections into its backlog and never answers: a host gone mid-connect
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    with job, silent:
+        job.wait_until("a durable checkpoint", lambda: CheckpointManager(out / "ckpt").checkpoints(), WAIT)
+        env = next(iter(workers(out).values())).environ()
+        server = Server(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
+        (tmp_path / "hosts").write_text(BOTH + f"{joiner}:1\n")
+        job.wait_until("the joiner to start", lambda: (out / f"hung-{joiner}").exists(), WAIT)
+        job.wait_until("the world of 3", lambda: joiner in getattr(server.world(), "hosts", ()), WAIT)
+        rank = server.world().hosts.index(joiner)
+        assert server.request("PUT", f"/global/{rank}", gloo_addresses(3, silent.getsockname()[1]))[0] == 200
+        job.wait_until("the survivors in the world of 3", lambda: server.world().present == {0, 1, 2}, WAIT)
+        time.sleep(2)  # they enter hvd.init() and connect into the silent socket
+        (tmp_path / "hosts").write_text(BOTH)
+        workers(out)[joiner].send_signal(signal.SIGKILL)  # the driver gives the world up
+        killed = time.time()
+        job.wait_until("a step at world size 2 after the loss",
+                       lambda: any(r["time"] > killed and r["size"] == 2 for r in progress.rows()), WAIT)
+        (out / "stop").touch()
+        job.finish(WAIT)
+    log = job.read_log()
+    assert log.count("exit with status code 75") == 2, log[-3000:]
+    assert log.count("leaving hvd.init(), whose connections cannot complete") == 2, log[-3000:]
     assert "every worker of the round failed" in log and "stop running" not in log, log[-3000:]
     assert not run_problems(out), run_problems(out)
 

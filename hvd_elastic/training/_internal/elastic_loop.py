@@ -35,8 +35,10 @@ re-initialisation takes from it instead of asking the driver again.
 Each reset enters ``hvd.init()`` only once the new world can form
 (:func:`.rendezvous.next_world`): a host lost meanwhile sends the survivors on
 to the next world with their state, where Gloo would have aborted them after
-its timeout.  The new world's hosts then go to the health cut before its
-first collective, so a host lost during the sync is cut too.
+its timeout; one lost while they connect ends them soon after the driver gives
+the world up (:func:`.rendezvous.leave_if_doomed`), not after that timeout.
+The new world's hosts then go to the health cut before its first
+collective, so a host lost during the sync is cut too.
 
 The loop itself reads like Horovod's; these additions sit in
 :class:`_Additions`, one method per moment of it.
@@ -81,11 +83,12 @@ def _reset(answer: str | None, gloo_timeout: float) -> tuple[str, ...]:
                                                   answer, gloo_timeout)
     except rendezvous.ERRORS as exc:
         log.warning("the driver's rendezvous server failed a request (%s): re-initialising as Horovod does", exc)
-    if answer is None:
-        hvd.init()
-    else:
-        with rendezvous.answered_init(answer):
+    with rendezvous.leave_if_doomed(server):
+        if answer is None:
             hvd.init()
+        else:
+            with rendezvous.answered_init(answer):
+                hvd.init()
     return hosts
 
 

@@ -29,6 +29,14 @@ every rank of the new world has arrived (:func:`next_world`): with
 horovodrun's driver rules (:mod:`hvd_elastic.horovodrun`), a world that lost
 a worker meanwhile is doomed, and the survivor asks again, for the world after
 it, with its state intact.
+
+A world can still be doomed after its ranks arrived, while they connect their
+Gloo pairs (a host frozen or cut off just then).  A rank waiting on that
+host's connection can never complete its ``hvd.init()``; Gloo would abort it
+after its timeout.  :func:`leave_if_doomed` ends it once the driver has called
+its world doomed for :data:`DOOM_GRACE_S` (exit :data:`DOOMED_EXIT`), after one
+more request to Gloo's store that the driver refuses, so it does not hold the
+host out for it.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from hvd_elastic.envvars import env_seconds
@@ -57,6 +65,11 @@ FORWARD_TIMEOUT_S = 30.0  # the relay's wait for the driver; the driver answers 
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 GLOO_TIMEOUT_DEFAULT_S = 30.0  # gloo_context.cc's default
 POLL_S = 0.05  # a forming world's poll: one small request to the driver (Gloo's own store polls every 10 ms)
+# Rule 5's 503s fail Gloo's own store requests within about 1.5 s (Horovod's client tries three times); a rank still
+# inside hvd.init() past that waits on a connection that cannot complete.
+DOOM_GRACE_S = 2.0
+DOOM_POLL_S = 0.5
+DOOMED_EXIT = 75  # EX_TEMPFAIL: this process's world was given up while it connected; its slot starts anew
 #: What a request to the server may raise when the driver is busy, gone or answers nonsense.
 ERRORS = (OSError, http.client.HTTPException)
 
@@ -261,3 +274,44 @@ def _close(relay: Relay, thread: threading.Thread) -> None:
     relay.shutdown()
     relay.server_close()
     thread.join()
+
+
+@contextlib.contextmanager
+def leave_if_doomed(server: Server | None, exit_process: Callable[[int], None] = os._exit) -> Iterator[None]:
+    """Within the block (a reset's ``hvd.init()``), end this process once the driver has called the forming
+    world doomed for :data:`DOOM_GRACE_S` seconds.  Nothing without a server or with a driver without the
+    rules."""
+    if server is None:
+        yield
+        return
+    inside = threading.Event()
+    inside.set()
+    thread = threading.Thread(target=_watch_doom, args=(server, inside, exit_process), name="hvd-elastic-doom-watch",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        inside.clear()
+
+
+def _watch_doom(server: Server, inside: threading.Event, exit_process: Callable[[int], None]) -> None:
+    doomed_since = None
+    while inside.is_set():
+        time.sleep(DOOM_POLL_S)
+        try:
+            world = server.world()
+        except ERRORS:
+            continue  # the driver busy or restarting: Gloo's own timeout still bounds the wait
+        if world is None:
+            return  # a driver without hvd-elastic's rules: nobody dooms a world
+        doomed_since = (doomed_since or time.monotonic()) if world.doomed else None
+        if doomed_since is not None and time.monotonic() - doomed_since >= DOOM_GRACE_S and inside.is_set():
+            log.warning("the world this rank is connecting into was given up (%s): leaving hvd.init(), whose "
+                        "connections cannot complete, instead of waiting out Gloo's timeout", world.doomed)
+            with contextlib.suppress(*ERRORS):  # refused (503): the driver does not hold this host out for it
+                server.request("GET", f"/{GLOBAL_SCOPE}/0", timeout=2.0)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            exit_process(DOOMED_EXIT)
+            return
