@@ -77,6 +77,8 @@ from typing import Any, Callable, Sized
 import torch
 from torch.utils.data import Sampler
 
+from hvd_elastic.training._internal import comm
+
 
 class ExactlyOnceSampler(Sampler[list[int]]):
     """Batch sampler (``DataLoader(dataset, batch_sampler=sampler)``; ``sampler=`` is a TypeError) for map-style
@@ -121,7 +123,7 @@ class ExactlyOnceSampler(Sampler[list[int]]):
         self.epoch = 0
         self.offset = 0
         if rank is None or world_size is None:
-            rank, world_size = _world()
+            rank, world_size = comm.world()
         self._step_samples: int | None = None
         self.set_world(rank, world_size)
         self._order_cache: tuple[int, torch.Tensor] | None = None
@@ -404,18 +406,3 @@ def _refuse_as_plain_sampler(sampler: ExactlyOnceSampler, caller) -> None:
     if wrapper or getattr(holder, "_auto_collation", True) is False:
         raise TypeError("ExactlyOnceSampler is a batch sampler: pass it as DataLoader(dataset, batch_sampler=sampler, "
                         "collate_fn=ExactlyOnceSampler.collate()), not sampler=sampler")
-
-
-def _world() -> tuple[int, int]:
-    try:
-        import horovod.torch as hvd
-
-        if hvd.is_initialized():
-            return hvd.rank(), hvd.size()
-    except (ImportError, ValueError):  # a torchrun job may have no Horovod at all
-        pass
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1

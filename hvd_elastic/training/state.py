@@ -78,7 +78,7 @@ from horovod.common.elastic import State
 from horovod.common.exceptions import HorovodInternalError
 
 from hvd_elastic.training import settings as worker_settings
-from hvd_elastic.training._internal import compat, forksafe, join_ahead, transfer
+from hvd_elastic.training._internal import comm, compat, forksafe, join_ahead, transfer
 from hvd_elastic.training.batching import BatchPolicy, fit_to_world, new_bookkeeping
 from hvd_elastic.training.components import Adapter, adapter_for, is_stateful
 from hvd_elastic.training._internal.objects import allgather_object, broadcast_object
@@ -361,7 +361,7 @@ class TrainingState(State):
         ``.data`` escape version counters: ``commit()`` after making them.
         """
         start = time.perf_counter()
-        rank = hvd.rank()
+        rank = comm.world()[0]
         layout, meta, lineage, sharers, copying, live = self._exchange_headers()
         targets = {} if rank == 0 else self._targets(meta)
         done: set[str] = set()
@@ -399,7 +399,7 @@ class TrainingState(State):
         """Collective, sync's first step: rank 0 offers its layout, small state and lineage, every other
         rank its lineage.  Returns rank 0's layout, small state and lineage, the other ranks of that
         lineage, whether this rank must copy its live tensors into its buffer (rank 0 only), and them."""
-        if hvd.rank() == 0:
+        if comm.world()[0] == 0:
             named, meta = self._capture()
             live = [t for _, t in named]
             # After a restore, or an interrupt raised by commit(), the live tensors ARE the
@@ -484,12 +484,12 @@ class TrainingState(State):
         """Backward passes per optimizer step under the batch policy (1 without one)."""
         if self.batch_policy is None:
             return 1
-        return self.batch_policy.accumulation_steps(_world()[1])
+        return self.batch_policy.accumulation_steps(comm.world()[1])
 
     def _apply_world(self) -> None:
         """Fit sampler, LR and accumulation to the current world; idempotent."""
-        rank, size = _world()
-        fit_to_world(self.batch_policy, self._policy, rank=rank, size=size, initialized=hvd.is_initialized(),
+        rank, size = comm.world()
+        fit_to_world(self.batch_policy, self._policy, rank=rank, size=size, initialized=comm.current() is not None,
                      optimizer=self.optimizer, schedulers=self.schedulers, sampler=self.sampler)
 
     # -- internals ------------------------------------------------------------------------
@@ -611,12 +611,6 @@ class TrainingState(State):
         self._values.clear()
         self._values.update(tree_copy(meta["values"]))
         self._policy = dict(meta["policy"])
-
-
-def _world() -> tuple[int, int]:
-    if hvd.is_initialized():
-        return hvd.rank(), hvd.size()
-    return 0, 1
 
 
 def broadcast_host_updates(update: tuple) -> tuple:

@@ -122,36 +122,45 @@ def test_a_relayed_unit_is_cut_into_pieces_that_cover_it_once_in_order(monkeypat
 
 
 class _ThreadedAlltoall:
-    """Horovod's ``alltoall_async``/``synchronize`` for ranks that are threads of this process:
-    enough to run the relay's schedule at any world size without Horovod."""
+    """The seam's ``alltoall`` (:mod:`hvd_elastic.training._internal.comm`) for ranks that are threads of this
+    process: enough to run the relay's schedule at any world size without a library.  Each rank's
+    ``recv_splits`` must be what really arrives from each rank, as torch.distributed requires."""
 
     def __init__(self, size: int):
         self.size, self.posted, self.lock = size, {}, threading.Condition()
         self.me = threading.local()
 
-    def alltoall_async(self, payload, splits, name):
+    def alltoall(self, payload, send_splits, recv_splits, *, name):
         with self.lock:
-            self.posted.setdefault(name, {})[self.me.rank] = (payload.clone(), list(splits))
+            self.posted.setdefault(name, {})[self.me.rank] = (payload.clone(), list(send_splits))
             self.lock.notify_all()
-        return name
+        return _Arrival(self, name, self.me.rank, list(recv_splits))
 
-    def synchronize(self, name):
+    def arrived(self, name, rank, recv_splits):
         with self.lock:
             assert self.lock.wait_for(lambda: len(self.posted[name]) == self.size, timeout=10), name
             parts = []
             for source in range(self.size):
                 payload, splits = self.posted[name][source]
-                parts.append(payload[sum(splits[: self.me.rank]): sum(splits[: self.me.rank + 1])])
-            return torch.cat(parts), torch.tensor([p.numel() for p in parts])
+                parts.append(payload[sum(splits[:rank]): sum(splits[: rank + 1])])
+        assert [p.numel() for p in parts] == recv_splits, (name, rank, recv_splits)
+        return torch.cat(parts)
+
+
+class _Arrival:
+    def __init__(self, fake, name, rank, recv_splits):
+        self.fake, self.name, self.rank, self.recv_splits = fake, name, rank, recv_splits
+
+    def done(self) -> bool:
+        return len(self.fake.posted[self.name]) == self.fake.size
+
+    def wait(self):
+        return self.fake.arrived(self.name, self.rank, self.recv_splits)
 
 
 @pytest.mark.parametrize("size", [3, 4, 5, 8])
 def test_the_relay_leaves_every_rank_rank_0_s_bytes_and_unpacks_each_unit_once_in_order(monkeypatch, size):
-    import horovod.torch as hvd
-
     fake = _ThreadedAlltoall(size)
-    monkeypatch.setattr(hvd, "alltoall_async", fake.alltoall_async)
-    monkeypatch.setattr(hvd, "synchronize", fake.synchronize)
     monkeypatch.setattr(transfer, "RELAY_PIECE_BYTES", 999)  # uneven pieces, uneven stripes
     rank_0 = state(w=torch.randn(40, 33), b=torch.tensor([-0.0, float("nan"), 1.0, 2.0]))
     blank = {k: torch.zeros_like(v) for k, v in rank_0.items()}
@@ -163,7 +172,7 @@ def test_the_relay_leaves_every_rank_rank_0_s_bytes_and_unpacks_each_unit_once_i
     def rank(r: int):
         fake.me.rank = r
         todo = units(buffers[r], everyone, bucket_bytes=256)
-        results[r] = transfer._relay(todo, rank=r, size=size, name="relay", fill=None,
+        results[r] = transfer._relay(fake, todo, rank=r, size=size, name="relay", fill=None,
                                      unpack=lambda indices: unpacked[r].append(tuple(indices)))
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]

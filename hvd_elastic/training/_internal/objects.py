@@ -5,8 +5,9 @@ each: the sizes first, then the bytes.  In a world that has just formed, every
 collective is a full negotiation through rank 0 (nothing is in Horovod's
 response cache yet), 10-20 ms on a loaded host, and the start of every world
 (after each join, failure or drain) runs several of them before training goes
-on.  Here each is ONE ``hvd.allgather`` of bytes, which accepts a different
-first dimension from every rank and concatenates in rank order:
+on.  Here each is ONE allgather of bytes (:meth:`.comm.Comm.allgather_bytes`: one
+collective under Horovod, two under torch.distributed), which accepts a different
+length from every rank and concatenates in rank order:
 
 * :func:`broadcast_object`: the root contributes its pickled object, every
   other rank nothing;
@@ -32,9 +33,16 @@ from typing import Any
 import cloudpickle
 import torch
 
-import horovod.torch as hvd
+from hvd_elastic.training._internal import comm
 
 _LENGTH = struct.Struct("<Q")
+
+
+def _world() -> comm.Comm:
+    collectives = comm.current()
+    if collectives is None:
+        raise RuntimeError("an object collective needs a world: hvd.init() or torch.distributed.init_process_group()")
+    return collectives
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -45,23 +53,26 @@ def _as_tensor(data: bytes) -> torch.Tensor:
 
 def broadcast_object(obj: Any, root_rank: int = 0, *, name: str) -> Any:
     """``obj`` from ``root_rank`` on every rank (the argument is ignored elsewhere)."""
-    mine = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if hvd.rank() == root_rank else b""
-    gathered = hvd.allgather(_as_tensor(mine), name=name)
-    if hvd.rank() == root_rank:
+    world = _world()
+    mine = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if world.rank() == root_rank else b""
+    gathered = world.allgather_bytes(_as_tensor(mine), name=name)
+    if world.rank() == root_rank:
         return obj
     return pickle.loads(gathered.numpy().tobytes())
 
 
 def allgather_object(obj: Any, *, name: str) -> list[Any]:
     """Every rank's ``obj``, in rank order."""
+    world = _world()
     data = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    gathered = memoryview(hvd.allgather(_as_tensor(_LENGTH.pack(len(data)) + data), name=name).numpy().tobytes())
+    mine = _as_tensor(_LENGTH.pack(len(data)) + data)
+    gathered = memoryview(world.allgather_bytes(mine, name=name).numpy().tobytes())
     objects, at = [], 0
     while at < len(gathered):
         (length,) = _LENGTH.unpack_from(gathered, at)
         at += _LENGTH.size
         objects.append(pickle.loads(gathered[at:at + length]))
         at += length
-    if len(objects) != hvd.size():
-        raise RuntimeError(f"allgather_object {name!r}: {len(objects)} objects from a world of {hvd.size()}")
+    if len(objects) != world.size():
+        raise RuntimeError(f"allgather_object {name!r}: {len(objects)} objects from a world of {world.size()}")
     return objects

@@ -166,10 +166,10 @@ def confirm(directory: str | os.PathLike, header: dict, *, settle: float = DEFAU
         raise SharedDirError(f"checkpoint_dir {header['directory']}: rank 0 on {header['host']} cannot write "
                              f"there ({header['error']}), so it cannot check that every host sees it; "
                              f"fix the directory, or {OVERRIDE}")
-    import horovod.torch as hvd
+    from hvd_elastic.training._internal import comm
 
     seen = Marker(Path(header["name"]), header["nonce"]).seen_in(directory, settle)
-    reports = objects.allgather_object((hvd.rank(), host_label(), seen), name="hvd_elastic.shared_dir.seen")
+    reports = objects.allgather_object((comm.world()[0], host_label(), seen), name="hvd_elastic.shared_dir.seen")
     refusal = describe_refusal(header["directory"], header["host"], reports)
     if refusal:
         raise SharedDirError(refusal)
@@ -179,11 +179,9 @@ def confirm(directory: str | os.PathLike, header: dict, *, settle: float = DEFAU
 def verify(directory: str | os.PathLike, *, enabled: bool = True, settle: float = DEFAULT_SETTLE) -> int:
     """Check, collectively, that every rank's ``directory`` is rank 0's (see the module docstring):
     :func:`announced` on rank 0, its header broadcast, :func:`confirm` everywhere; what ``confirm`` returns."""
-    import horovod.torch as hvd
+    from hvd_elastic.training._internal import comm, objects
 
-    from hvd_elastic.training._internal import objects
-
-    with announced(directory, enabled=enabled) if hvd.rank() == 0 else contextlib.nullcontext() as header:
+    with announced(directory, enabled=enabled) if comm.world()[0] == 0 else contextlib.nullcontext() as header:
         header = objects.broadcast_object(header, root_rank=0, name="hvd_elastic.shared_dir.marker")
         return confirm(directory, header, settle=settle)
 

@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
-import horovod.torch as hvd
 import torch
 
-from hvd_elastic.training._internal import transfer
+from hvd_elastic.training._internal import comm, transfer
 from hvd_elastic.training._internal.flat import FlatBuffer
 
 
@@ -50,7 +49,9 @@ def move(buffer: FlatBuffer, *, sharers: Collection[int], hashing: bool, copying
     into the buffer first.  ``unpack(indices)`` is called as a receiver's
     tensors arrive, while the next unit is on the wire.
     """
-    rank, size, count = hvd.rank(), hvd.size(), len(buffer.layout)
+    collectives = comm.current()
+    assert collectives is not None, "move() is collective: it needs a world"
+    rank, size, count = collectives.rank(), collectives.size(), len(buffer.layout)
     first = transfer.Plan.lacking(size, count, (r for r in range(1, size) if r not in sharers))
     verify = bool(sharers)
     todo = transfer.units(buffer, first, bucket_bytes)
@@ -76,7 +77,7 @@ def move(buffer: FlatBuffer, *, sharers: Collection[int], hashing: bool, copying
     if verify:
         for work in meanwhile:  # what the transfer did not hide
             work()
-        second = transfer.plan(hvd.allgather(table.unsqueeze(0), name="hvd_elastic.sync.digests"))
+        second = transfer.plan(collectives.allgather_rows(table, name="hvd_elastic.sync.digests"))
         fixes = transfer.units(buffer, second, bucket_bytes)
         more_sent, more_received = transfer.transfer(fixes, rank=rank, name="hvd_elastic.sync.fix",
                                                      unpack=unpack, window_bytes=2 * bucket_bytes)

@@ -63,6 +63,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import torch
 import xxhash
 
+from hvd_elastic.training._internal import comm
 from hvd_elastic.training._internal.flat import FlatBuffer, as_bytes
 
 #: The world size from which a unit only rank 0 holds is relayed (about S/B whatever the size)
@@ -221,22 +222,22 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     when the last unit has arrived stays in the list.  Returns ``(bytes
     sent, bytes received)`` by this rank.
     """
-    import horovod.torch as hvd
-
-    size = hvd.size()
+    collectives = comm.current()
+    assert collectives is not None, "transfer() is collective: it needs a world"
+    size = collectives.size()
     sent = received = 0
-    in_flight: list[tuple[Unit, object, int]] = []
+    in_flight: list[tuple[Unit, comm.Handle, int]] = []
 
     def finish() -> int:
         unit, handle, _ = in_flight.pop(0)
-        while meanwhile and not hvd.poll(handle):
+        while meanwhile and not handle.done():
             meanwhile.pop(0)()
-        result = hvd.synchronize(handle)
+        result = handle.wait()
         if rank not in unit.receivers:
             return 0
         if unit.method == "stripes":
             # Stripes arrive in donor order, which is rank order, which is byte order.
-            as_bytes(unit.data).copy_(result[0])
+            as_bytes(unit.data).copy_(result)
         if unpack is not None:
             unpack(list(unit.indices))
         return _nbytes(unit.data)
@@ -244,38 +245,40 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     for i, unit in enumerate(u for u in todo if u.method != "relay"):
         if fill is not None:
             fill(list(unit.indices))
-        handle, nbytes = _post(unit, rank=rank, size=size, name=f"{name}.{i}")
+        handle, nbytes = _post(collectives, unit, rank=rank, size=size, name=f"{name}.{i}")
         sent += nbytes
         in_flight.append((unit, handle, _nbytes(unit.data)))
         while len(in_flight) > 1 and sum(n for _, _, n in in_flight) > window_bytes:
             received += finish()
     while in_flight:
         received += finish()
-    relayed = _relay([u for u in todo if u.method == "relay"], rank=rank, size=size, name=f"{name}.relay",
-                     fill=fill, unpack=unpack)
+    relayed = _relay(collectives, [u for u in todo if u.method == "relay"], rank=rank, size=size,
+                     name=f"{name}.relay", fill=fill, unpack=unpack)
     return sent + relayed[0], received + relayed[1]
 
 
-def _post(unit: Unit, *, rank: int, size: int, name: str) -> tuple[object, int]:
-    """Start moving a broadcast or striped ``unit``: its Horovod handle, and the bytes this rank sends."""
-    import horovod.torch as hvd
-
+def _post(collectives: comm.Comm, unit: Unit, *, rank: int, size: int, name: str) -> tuple[comm.Handle, int]:
+    """Start moving a broadcast or striped ``unit``: its handle, and the bytes this rank sends."""
     raw = as_bytes(unit.data)
     if unit.method == "broadcast":
-        return hvd.broadcast_async_(raw, 0, name=name), raw.numel() if rank == 0 else 0
-    splits = [0] * size
+        return collectives.broadcast_(raw, 0, name=name), raw.numel() if rank == 0 else 0
+    bounds = stripe_bounds(raw.numel(), len(unit.donors))
+    send, recv = [0] * size, [0] * size
     payload = raw[:0]
     if rank in unit.donors:
-        bounds = stripe_bounds(raw.numel(), len(unit.donors))
         k = unit.donors.index(rank)
         stripe = raw[bounds[k]: bounds[k + 1]]
         for r in unit.receivers:
-            splits[r] = stripe.numel()
+            send[r] = stripe.numel()
         payload = stripe if len(unit.receivers) == 1 else torch.cat([stripe] * len(unit.receivers))
-    return hvd.alltoall_async(payload, splits=splits, name=name), payload.numel()
+    if rank in unit.receivers:  # each donor's stripe, in donor order
+        for k, donor in enumerate(unit.donors):
+            recv[donor] = bounds[k + 1] - bounds[k]
+    return collectives.alltoall(payload, send, recv, name=name), payload.numel()
 
 
-def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Callable[[list[int]], None] | None,
+def _relay(collectives: comm.Comm, todo: Sequence[Unit], *, rank: int, size: int, name: str,
+           fill: Callable[[list[int]], None] | None,
            unpack: Callable[[list[int]], None] | None) -> tuple[int, int]:
     """Move units only rank 0 holds to every other rank, one ``alltoall`` per step.
 
@@ -291,13 +294,11 @@ def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Calla
     into the buffer (and a completed unit unpacked): the copies hide behind
     the next step instead of leaving the links idle between steps.
     """
-    import horovod.torch as hvd
-
     pieces = [piece for unit in todo for piece in _pieces(unit)]
     receivers = range(1, size)
     sent = received = 0
 
-    def post(step: int, before: torch.Tensor | None):
+    def post(step: int, before: torch.Tensor | None) -> comm.Handle:
         """Start ``step``'s alltoall; ``before`` is what the step before brought this rank."""
         nonlocal sent
         splits = [0] * size
@@ -319,16 +320,31 @@ def _relay(todo: Sequence[Unit], *, rank: int, size: int, name: str, fill: Calla
                 splits[k] = mine.numel() if k != rank else 0
             payload = mine if size == 3 else torch.cat([mine] * (size - 2))
         sent += payload.numel()
-        return hvd.alltoall_async(payload, splits=splits, name=f"{name}.{step}")
+        return collectives.alltoall(payload, splits, _relay_receives(pieces, step, rank, size), name=f"{name}.{step}")
 
     handle = post(0, None)
     for step in range(len(pieces) + 1):
-        arrived = hvd.synchronize(handle)[0]
+        arrived = handle.wait()
         if step < len(pieces):
             handle = post(step + 1, arrived)
         if rank != 0:
             received += _land(pieces, step, arrived, rank=rank, size=size, unpack=unpack)
     return sent, received
+
+
+def _relay_receives(pieces: list[_Piece], step: int, rank: int, size: int) -> list[int]:
+    """What relay ``step`` brings ``rank``, from each rank: its stripe of the current piece from rank 0, and
+    each other receiver's stripe of the piece before."""
+    recv = [0] * size
+    if rank == 0:
+        return recv
+    if step < len(pieces):
+        recv[0] = _stripe(pieces[step], rank, size).numel()
+    if step > 0:
+        for other in range(1, size):
+            if other != rank:
+                recv[other] = _stripe(pieces[step - 1], other, size).numel()
+    return recv
 
 
 def _land(pieces: list[_Piece], step: int, arrived: torch.Tensor, *, rank: int, size: int,
