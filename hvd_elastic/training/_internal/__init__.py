@@ -11,6 +11,8 @@
 * :mod:`.rendezvous`, :mod:`.join_ahead` -- Horovod's rendezvous server as a
   worker asks it (its place in the next world, whether that world is doomed),
   and the join that lets the survivors train on while a newcomer starts;
+* :mod:`.comm` -- the collectives all of these use: Horovod's in a horovodrun job,
+  torch.distributed's in a torchrun job (the seam between the library and a launcher);
 * :mod:`.objects` -- small Python objects between the ranks, one collective each;
 * :mod:`.pace` -- each rank's own work per step, gathered once per window, and
   the verdict on slow hosts (stragglers) that :func:`hvd_elastic.run` reports;
