@@ -15,7 +15,8 @@
   torch.distributed's in a torchrun job (the seam between the library and a launcher);
 * :mod:`.objects` -- small Python objects between the ranks, one collective each;
 * :mod:`.pace` -- each rank's own work per step, gathered once per window, and
-  the verdict on slow hosts (stragglers) that :func:`hvd_elastic.run` reports;
+  the verdict on slow hosts (stragglers) that :func:`hvd_elastic.run` reports, and
+  :mod:`.straggler_drain`, rank 0's request that a slow host's node agent drain it;
 * :mod:`.preload` -- what a script would import after ``hvd.init()``, imported
   before it, so a joining worker's survivors do not wait for it.
 
