@@ -426,9 +426,8 @@ def _health_gate(settings: RendezvousSettings) -> Finding:
 
     if settings.health_gate == "false":
         return Finding("gate", True, "off (health_gate=false): drains and health checks do not reach torchrun")
-    gate = HealthGate(settings.consul, settings.service, required=settings.health_gate == "true")
     try:
-        health = gate.judge(api.agent_services(settings.consul), api.agent_checks(settings.consul))
+        health = HealthGate(settings.consul, settings.service, required=settings.health_gate == "true").read_now()
     except (ConsulError, MalformedResponse) as exc:
         return Finding("gate", False, f"cannot read this node's health: {exc}")
     if not health.registered:  # admitted under auto, but no drain or check of ours reaches it: a warning

@@ -49,11 +49,15 @@ class HealthGate:
         if self._last is not None and time.monotonic() - self._read_at < self.interval:
             return self._last
         try:
-            judged = self.judge(api.agent_services(self.consul, _TIMEOUT_S), api.agent_checks(self.consul, _TIMEOUT_S))
+            judged = self.read_now()
         except (ConsulError, MalformedResponse) as exc:
             return self._last or Health(True, f"no answer from the local Consul agent yet ({exc})")
         self._last, self._read_at = judged, time.monotonic()
         return judged
+
+    def read_now(self) -> Health:
+        """The node's health read from its agent now, uncached; raises ConsulError or MalformedResponse."""
+        return self.judge(api.agent_services(self.consul, _TIMEOUT_S), api.agent_checks(self.consul, _TIMEOUT_S))
 
     def judge(self, services: dict, checks: dict) -> Health:
         """The node's health from the agent's services and checks (``/v1/agent/*`` answers)."""

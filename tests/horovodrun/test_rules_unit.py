@@ -117,25 +117,11 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
     worker so refused not blacklisted for its failure."""
     from types import SimpleNamespace
 
-    from horovod.runner import gloo_run
-    from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousServer
-    from hvd_elastic.training._internal.rendezvous import Server
+    from tests.horovodrun.rules_driver import driver_with_rules
 
-    def plan(*hosts):
-        return [SlotInfo(host, rank, 0, rank, len(hosts), 1, len(hosts)) for rank, host in enumerate(hosts)]
-
-    rules.install(gloo_run)
-    server = RendezvousServer()
-    # finished: rule 7's check, 5 s after the doom, finds the job over and ends nothing.
-    driver = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server,
-                             finished=lambda: True, _min_num_proc=2)
-    port = server.start(gloo_run.create_rendezvous_handler(driver))
-    try:
-        first = plan("a", "b", "c")
-        server.init(first)
-        driver._rank_assignments = {slot.rank: slot for slot in first}
-        client = Server("127.0.0.1", port)
+    with driver_with_rules() as driver:
+        driver.start_world("a", "b", "c")
+        client = driver.client
         assert client.world().hosts == ("a", "b", "c") and not client.world().present
         assert client.world().min_np == 2  # the floor of a straggler drain
         client.request("PUT", "/hvd_elastic_ready/0", b"a")
@@ -161,14 +147,10 @@ def test_a_world_whose_worker_failed_is_doomed_until_the_next_world_starts():
         manager.blacklist("localhost")
         assert blacklisted == ["b", "localhost"]
 
-        second = plan("a", "b")
-        server.init(second)  # the next world starts: the store, and the doom with it, are cleared
-        driver._rank_assignments = {slot.rank: slot for slot in second}
+        driver.start_world("a", "b")  # the next world starts: the store, and the doom with it, are cleared
         world = client.world()
         assert (world.hosts, world.present, world.doomed) == (("a", "b"), frozenset(), "")
         assert client.request("GET", "/global/2")[0] == 404
-    finally:
-        server.stop()
 
 
 def test_rule_9_gloo_addresses_of_a_world_of_another_size_are_refused():
@@ -176,21 +158,11 @@ def test_rule_9_gloo_addresses_of_a_world_of_another_size_are_refused():
     earlier world writes its block of Gloo addresses into the new world's store, and every rank that reads it
     aborts.  On Horovod's own server: this world's block is stored, another size's is refused with 503 and not
     stored, and its host is spared as under rule 5."""
-    from types import SimpleNamespace
+    from tests.horovodrun.rules_driver import driver_with_rules
 
-    from horovod.runner import gloo_run
-    from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousServer
-    from hvd_elastic.training._internal.rendezvous import Server
-
-    rules.install(gloo_run)
-    server = RendezvousServer()
-    driver = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server,
-                             finished=lambda: True, _min_num_proc=2)
-    port = server.start(gloo_run.create_rendezvous_handler(driver))
-    try:
-        server.init([SlotInfo(host, rank, 0, rank, 3, 1, 3) for rank, host in enumerate("abc")])
-        client = Server("127.0.0.1", port)
+    with driver_with_rules() as driver:
+        driver.start_world("a", "b", "c")
+        client = driver.client
         block = bytes(range(256)) * 2
         assert client.request("PUT", "/global/1", block[:2 * rules.GLOO_ADDRESS_BYTES])[0] == 200
         for size in (2, 5, 6):  # a rank of a world of `size` publishes size - 1 addresses
@@ -200,8 +172,6 @@ def test_rule_9_gloo_addresses_of_a_world_of_another_size_are_refused():
         assert "127.0.0.1" in driver._hvd_elastic.sent_away  # its failure will not hold its host out
         assert client.request("PUT", "/local_a/0", b"any")[0] == 200  # only the global block is sized here
         assert client.request("PUT", "/global/rank_1", b"ab")[0] == 200  # Horovod's own values beside Gloo's
-    finally:
-        server.stop()
 
 
 def test_rule_8_once_the_job_is_done_a_joiner_is_ended_and_its_exit_is_no_failure():

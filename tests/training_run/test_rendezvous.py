@@ -9,29 +9,19 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from horovod.runner import gloo_run
-from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from horovod.runner.http.http_server import RendezvousServer
 
 from hvd_elastic.horovodrun import rules
 from hvd_elastic.training._internal import rendezvous
+from tests.horovodrun.rules_driver import driver_with_rules
 
 
 @pytest.fixture
 def driver():
-    rules.install(gloo_run)
-    server = RendezvousServer()
-    # finished: rule 7's check after a doom finds the job over and ends nothing.
-    fake = SimpleNamespace(_hvd_elastic=rules.Job(), _rank_assignments={}, _rendezvous=server,
-                           finished=lambda: True, _min_num_proc=2)
-    port = server.start(gloo_run.create_rendezvous_handler(fake))
-    plan = [SlotInfo(host, rank, 0, rank, 2, 1, 2) for rank, host in enumerate(("a", "b"))]
-    server.init(plan)
-    fake._rank_assignments = {slot.rank: slot for slot in plan}
-    fake.client = rendezvous.Server("127.0.0.1", port)
-    yield fake
-    server.stop()
+    with driver_with_rules() as fake:
+        fake.start_world("a", "b")
+        yield fake
 
 
 class Exits:

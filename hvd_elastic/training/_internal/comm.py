@@ -181,6 +181,14 @@ def current() -> Comm | None:
     return None
 
 
+def required() -> Comm:
+    """:func:`current`, for a collective: raises RuntimeError when there is no world."""
+    comm = current()
+    if comm is None:
+        raise RuntimeError("a collective needs a world: hvd.init() or torch.distributed.init_process_group()")
+    return comm
+
+
 def world() -> tuple[int, int]:
     """This process's rank and the world's size: (0, 1) with no world."""
     comm = current()

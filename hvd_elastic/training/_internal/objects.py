@@ -38,13 +38,6 @@ from hvd_elastic.training._internal import comm
 _LENGTH = struct.Struct("<Q")
 
 
-def _world() -> comm.Comm:
-    collectives = comm.current()
-    if collectives is None:
-        raise RuntimeError("an object collective needs a world: hvd.init() or torch.distributed.init_process_group()")
-    return collectives
-
-
 def _as_tensor(data: bytes) -> torch.Tensor:
     if not data:
         return torch.empty(0, dtype=torch.uint8)
@@ -53,7 +46,7 @@ def _as_tensor(data: bytes) -> torch.Tensor:
 
 def broadcast_object(obj: Any, root_rank: int = 0, *, name: str) -> Any:
     """``obj`` from ``root_rank`` on every rank (the argument is ignored elsewhere)."""
-    world = _world()
+    world = comm.required()
     mine = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if world.rank() == root_rank else b""
     gathered = world.allgather_bytes(_as_tensor(mine), name=name)
     if world.rank() == root_rank:
@@ -63,7 +56,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, name: str) -> Any:
 
 def allgather_object(obj: Any, *, name: str) -> list[Any]:
     """Every rank's ``obj``, in rank order."""
-    world = _world()
+    world = comm.required()
     data = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     mine = _as_tensor(_LENGTH.pack(len(data)) + data)
     gathered = memoryview(world.allgather_bytes(mine, name=name).numpy().tobytes())

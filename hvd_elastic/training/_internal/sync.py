@@ -49,8 +49,7 @@ def move(buffer: FlatBuffer, *, sharers: Collection[int], hashing: bool, copying
     into the buffer first.  ``unpack(indices)`` is called as a receiver's
     tensors arrive, while the next unit is on the wire.
     """
-    collectives = comm.current()
-    assert collectives is not None, "move() is collective: it needs a world"
+    collectives = comm.required()
     rank, size, count = collectives.rank(), collectives.size(), len(buffer.layout)
     first = transfer.Plan.lacking(size, count, (r for r in range(1, size) if r not in sharers))
     verify = bool(sharers)

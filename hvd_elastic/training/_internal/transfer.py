@@ -222,8 +222,7 @@ def transfer(todo: Sequence[Unit], *, rank: int, name: str, fill: Callable[[list
     when the last unit has arrived stays in the list.  Returns ``(bytes
     sent, bytes received)`` by this rank.
     """
-    collectives = comm.current()
-    assert collectives is not None, "transfer() is collective: it needs a world"
+    collectives = comm.required()
     size = collectives.size()
     sent = received = 0
     in_flight: list[tuple[Unit, comm.Handle, int]] = []
